@@ -1,0 +1,153 @@
+/**
+ * The producer side: write events into the outbox inside the caller's own
+ * transaction, so they commit or roll back with the business data.
+ */
+import { Duration, Effect } from "effect"
+import { type Kysely, sql, type Transaction } from "kysely"
+import { type AnyContract, encode, type InputOf } from "./Contract.ts"
+import * as trace from "./core/trace.ts"
+import { isUuid, uuidv7 } from "./core/uuid.ts"
+import { type ConfigError, type StoreError, ValidationError } from "./Errors.ts"
+import { classifyDbError } from "./storage/dbErrors.ts"
+import { validateSchemaName } from "./storage/identifier.ts"
+
+export interface EnqueueOptions {
+  /** The event id, also the AMQP `messageId` and the inbox dedupe key. A UUID. @default a new UUIDv7 */
+  readonly messageId?: string
+  /** Messages with the same key are delivered in enqueue order. */
+  readonly partitionKey?: string
+  readonly tenantId?: string
+  /** Extra string headers carried to the consumer. Names starting with `cloudEvents:` or `txbox-` are reserved. */
+  readonly headers?: Readonly<Record<string, string>>
+  /** Routing key on the topic exchange. @default the contract's type */
+  readonly routingKey?: string
+  /** Publish no earlier than this long after commit (measured on the database clock). */
+  readonly delay?: Duration.Input
+  /** Publish no earlier than this time. Wins over `delay`. */
+  readonly visibleAt?: Date
+}
+
+export interface OutboxConfig {
+  /** Schema holding the outbox table. @default "txbox" */
+  readonly schema?: string
+}
+
+/** Any Kysely executor: the caller's transaction (the point) or, for one-off writes, the pool. */
+// biome-ignore lint/suspicious/noExplicitAny: enqueue joins whatever database the caller describes
+export type Executor = Kysely<any> | Transaction<any>
+
+export interface EnqueuedMessage {
+  readonly id: string
+  readonly type: string
+  readonly version: number
+}
+
+export interface EventInput<C extends AnyContract = AnyContract> {
+  readonly contract: C
+  readonly payload: InputOf<C>
+  readonly options?: EnqueueOptions
+}
+
+const RESERVED_HEADER = /^(cloudevents[:_]|txbox-|x-txbox-)/i
+
+const invalid = (contract: AnyContract, path: string, message: string) =>
+  new ValidationError({ type: contract.type, version: contract.version, issues: [{ message, path }] })
+
+/** Checks one event and turns it into a row; nothing touches the database yet. */
+const prepare = (event: EventInput, traceparent: string | undefined) =>
+  Effect.gen(function* () {
+    const { contract, options = {} } = event
+    const { json } = yield* encode(contract, event.payload)
+    const id = options.messageId ?? uuidv7()
+    if (!isUuid(id))
+      return yield* invalid(contract, "messageId", `messageId must be a UUID, got ${JSON.stringify(id)}`)
+    const headers: Record<string, string> = {}
+    for (const [key, value] of Object.entries(options.headers ?? {})) {
+      if (RESERVED_HEADER.test(key))
+        return yield* invalid(contract, `headers.${key}`, "header name is reserved")
+      if (typeof value !== "string")
+        return yield* invalid(contract, `headers.${key}`, "header values must be strings")
+      headers[key] = value
+    }
+    if (traceparent && headers.traceparent === undefined) headers.traceparent = traceparent
+    let visibleAt: ReturnType<typeof sql> | Date = sql`now()`
+    if (options.visibleAt !== undefined) {
+      if (!(options.visibleAt instanceof Date) || Number.isNaN(options.visibleAt.getTime())) {
+        return yield* invalid(contract, "visibleAt", "visibleAt must be a valid Date")
+      }
+      visibleAt = options.visibleAt
+    } else if (options.delay !== undefined) {
+      const ms = Duration.fromInput(options.delay)
+      if (ms._tag === "None" || !Duration.isFinite(ms.value)) {
+        return yield* invalid(contract, "delay", "delay must be a finite duration")
+      }
+      visibleAt = sql`now() + ${Duration.toMillis(ms.value)} * interval '1 millisecond'`
+    }
+    return {
+      id,
+      type: contract.type,
+      version: contract.version,
+      payload: json,
+      headers: JSON.stringify(headers),
+      routing_key: options.routingKey ?? null,
+      partition_key: options.partitionKey ?? null,
+      tenant_id: options.tenantId ?? null,
+      visible_at: visibleAt,
+    }
+  })
+
+/**
+ * Writes many events with one INSERT in the caller's transaction. Every
+ * payload is validated first: one invalid event fails the call and nothing is
+ * written.
+ */
+export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
+  executor: Executor,
+  events: ReadonlyArray<EventInput>,
+  config: OutboxConfig = {},
+) {
+  const schema = yield* Effect.try({
+    try: () => validateSchemaName(config.schema ?? "txbox"),
+    catch: (e) => e as ConfigError,
+  })
+  if (events.length === 0) return [] as ReadonlyArray<EnqueuedMessage>
+  const traceparent = yield* trace.currentTraceparent
+  const rows = yield* Effect.forEach(events, (event) => prepare(event, traceparent))
+  yield* Effect.annotateCurrentSpan({ "txbox.count": rows.length, "txbox.type": rows[0]!.type })
+  yield* Effect.tryPromise({
+    try: () =>
+      executor
+        .withSchema(schema)
+        .insertInto("outbox")
+        .values(
+          rows.map((r) => ({
+            ...r,
+            payload: sql`${r.payload}::jsonb`,
+            headers: sql`${r.headers}::jsonb`,
+          })),
+        )
+        .execute(),
+    catch: (cause) => classifyDbError("Outbox.enqueue", cause),
+  })
+  return rows.map(({ id, type, version }): EnqueuedMessage => ({ id, type, version }))
+}) as (
+  executor: Executor,
+  events: ReadonlyArray<EventInput>,
+  config?: OutboxConfig,
+) => Effect.Effect<ReadonlyArray<EnqueuedMessage>, ValidationError | StoreError | ConfigError>
+
+/** Writes one event in the caller's transaction. See `enqueueMany`. */
+export const enqueue = <C extends AnyContract>(
+  executor: Executor,
+  contract: C,
+  payload: InputOf<C>,
+  options?: EnqueueOptions & OutboxConfig,
+): Effect.Effect<EnqueuedMessage, ValidationError | StoreError | ConfigError> =>
+  Effect.map(
+    enqueueMany(
+      executor,
+      [options === undefined ? { contract, payload } : { contract, payload, options }],
+      options?.schema === undefined ? {} : { schema: options.schema },
+    ),
+    (rows) => rows[0]!,
+  )

@@ -1,0 +1,205 @@
+/**
+ * The relay: claim → publish → mark, as one Effect pipeline per worker.
+ *
+ * Guarantees: a row is marked `sent` only after the broker confirmed it; a
+ * claimed row is never lost (a dead relay's lease runs out and the row comes
+ * due again) and never marked twice (marks match the claim's token). So
+ * delivery is at least once: a relay that dies between confirm and mark
+ * publishes those messages again, and the consumer's inbox absorbs that.
+ */
+import { Duration, Effect, Layer, type Scope } from "effect"
+import { decide } from "./core/decide.ts"
+import { makeSignal } from "./core/Signal.ts"
+import { uuidv7 } from "./core/uuid.ts"
+import { ConfigError, StoreError, type TransportError } from "./Errors.ts"
+import { Database } from "./ports/Database.ts"
+import { type OutgoingMessage, type PublishOutcome, Transport } from "./ports/Transport.ts"
+import { makeRetryPolicy, type RetryPolicy, schedule } from "./Retry.ts"
+import * as outboxSql from "./storage/outboxSql.ts"
+
+export interface RelayConfig {
+  /** Rows claimed and published per cycle. @default 1000 */
+  readonly batchSize?: number
+  /** Concurrent claim → publish → mark loops in this process. @default 1 */
+  readonly workers?: number
+  /** How long a claim holds its rows; a relay that dies releases them after this. Keep it well above the publish timeout. @default "30 seconds" */
+  readonly lease?: Duration.Input
+  /** Fallback poll when no NOTIFY arrives. @default "1 second" */
+  readonly pollInterval?: Duration.Input
+  /** Per-message retries, persisted in `visible_at`. @default defaultRetryPolicy */
+  readonly retry?: Partial<RetryPolicy>
+  /** Backoff of the whole loop while the database or broker is unreachable. @default 100 ms doubling to 10 s, jittered */
+  readonly outageRetry?: Partial<RetryPolicy>
+}
+
+export interface RelayStats {
+  readonly published: number
+  readonly retried: number
+  readonly dead: number
+  /** Marks that found their row already re-claimed by another relay (lease ran out). */
+  readonly lostLeases: number
+  readonly batches: number
+  readonly lastCycleAt: Date | undefined
+  readonly lastError: string | undefined
+}
+
+export interface RelayHandle {
+  readonly stats: Effect.Effect<RelayStats>
+}
+
+const resolveConfig = (config: RelayConfig) => {
+  const batchSize = config.batchSize ?? 1000
+  const workers = config.workers ?? 1
+  if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize > 50_000) {
+    throw new ConfigError({ reason: `relay batchSize must be an integer in 1..50000, got ${batchSize}` })
+  }
+  if (!Number.isInteger(workers) || workers < 1 || workers > 64) {
+    throw new ConfigError({ reason: `relay workers must be an integer in 1..64, got ${workers}` })
+  }
+  const leaseMs = Duration.toMillis(Duration.fromInputUnsafe(config.lease ?? "30 seconds"))
+  const pollMs = Duration.toMillis(Duration.fromInputUnsafe(config.pollInterval ?? "1 second"))
+  if (!(leaseMs >= 1000)) throw new ConfigError({ reason: "relay lease must be at least 1 second" })
+  if (!(pollMs >= 1)) throw new ConfigError({ reason: "relay pollInterval must be positive" })
+  return {
+    batchSize,
+    workers,
+    leaseMs,
+    pollMs,
+    retry: makeRetryPolicy(config.retry),
+    outage: makeRetryPolicy({ initialDelay: "100 millis", maxDelay: "10 seconds", ...config.outageRetry }),
+  }
+}
+
+const toMessage = (row: outboxSql.ClaimedRow): OutgoingMessage => ({
+  id: row.id,
+  type: row.type,
+  version: row.version,
+  routingKey: row.routing_key ?? row.type,
+  body: row.payload,
+  headers: row.headers ?? {},
+  occurredAt: row.occurred_at,
+  partitionKey: row.partition_key,
+  tenantId: row.tenant_id,
+})
+
+const tryDb = <A>(f: () => Promise<A>): Effect.Effect<A, StoreError> =>
+  Effect.tryPromise({
+    try: f,
+    catch: (e) =>
+      e instanceof StoreError ? e : new StoreError({ reason: "query", operation: "relay", cause: e }),
+  })
+
+/** Starts the relay's workers in the current scope; closing the scope stops them gracefully. */
+export const make = (
+  config: RelayConfig = {},
+): Effect.Effect<RelayHandle, ConfigError, Database | Transport | Scope.Scope> =>
+  Effect.gen(function* () {
+    const c = yield* Effect.try({ try: () => resolveConfig(config), catch: (e) => e as ConfigError })
+    const db = yield* Database
+    const transport = yield* Transport
+    const stats = {
+      published: 0,
+      retried: 0,
+      dead: 0,
+      lostLeases: 0,
+      batches: 0,
+      lastCycleAt: undefined as Date | undefined,
+      lastError: undefined as string | undefined,
+    }
+    const wake = makeSignal()
+    yield* db
+      .listen(`${db.schema}.outbox`, wake.notify)
+      .pipe(Effect.catch((e) => Effect.logWarning(`relay: LISTEN unavailable, polling only: ${e.message}`)))
+
+    const claim = Effect.fn("Relay.claim")(function* (token: string) {
+      const rows = yield* tryDb(() => outboxSql.claim(db, c.batchSize, token, c.leaseMs))
+      yield* Effect.annotateCurrentSpan("txbox.claimed", rows.length)
+      return rows
+    })
+
+    const publish = Effect.fn("Relay.publish")(function* (rows: ReadonlyArray<outboxSql.ClaimedRow>) {
+      return yield* transport.publish(rows.map(toMessage)).pipe(
+        Effect.map((outcomes) => ({ outcomes, outage: undefined as TransportError | undefined })),
+        Effect.catch((error) =>
+          Effect.succeed({
+            outcomes: rows.map((): PublishOutcome => ({ _tag: "Interrupted", error: error.message })),
+            outage: error,
+          }),
+        ),
+      )
+    })
+
+    const markBatch = Effect.fn("Relay.mark")(function* (
+      token: string,
+      marks: ReadonlyArray<outboxSql.RowMark>,
+    ) {
+      // A failed mark is retried for a while (the rows are confirmed; only the
+      // record is missing). If the database stays away past half the lease the
+      // rows come due again and are published twice: at least once, not lost.
+      const updated = yield* tryDb(() => outboxSql.mark(db, token, marks)).pipe(
+        Effect.retry({ schedule: schedule(c.outage), until: (e) => !e.retryable }),
+        Effect.timeoutOrElse({
+          duration: c.leaseMs / 2,
+          orElse: () =>
+            Effect.fail(
+              new StoreError({ reason: "connection", operation: "Relay.mark", cause: "timed out" }),
+            ),
+        }),
+      )
+      return updated
+    })
+
+    /** One batch, start to end. Uninterruptible: shutdown waits for it rather than leaving rows claimed. */
+    const cycle = Effect.gen(function* () {
+      const token = uuidv7()
+      const rows = yield* claim(token)
+      if (rows.length === 0) return 0
+      const { outcomes, outage } = yield* publish(rows)
+      const marks = rows.map((row, i) => decide(row, outcomes[i]!, c.retry))
+      const updated = yield* markBatch(token, marks)
+      for (const m of marks) {
+        if (m.status === "sent") stats.published++
+        else if (m.status === "dead") stats.dead++
+        else stats.retried++
+      }
+      stats.lostLeases += marks.length - updated
+      stats.batches++
+      stats.lastCycleAt = new Date()
+      if (outage) return yield* outage
+      return rows.length
+    })
+
+    const worker = Effect.gen(function* () {
+      while (true) {
+        const claimed = yield* Effect.uninterruptible(cycle).pipe(
+          Effect.tapError((e: StoreError | TransportError) =>
+            Effect.sync(() => {
+              stats.lastError = e.message
+            }).pipe(Effect.andThen(Effect.logWarning(`relay: ${e.message}; backing off`))),
+          ),
+          Effect.retry({ schedule: schedule(c.outage), while: (e) => e.retryable }),
+        )
+        // A full batch means more is waiting: go again at once.
+        if (claimed < c.batchSize) yield* wake.wait(c.pollMs)
+        else yield* Effect.yieldNow
+      }
+    })
+
+    for (let i = 0; i < c.workers; i++) {
+      yield* Effect.forkScoped(
+        worker.pipe(
+          Effect.catchCause((cause) => Effect.logError("relay worker stopped", cause)),
+          Effect.withSpan("Relay.worker"),
+        ),
+      )
+    }
+    return { stats: Effect.sync(() => ({ ...stats })) } satisfies RelayHandle
+  })
+
+/** The relay as a layer: its workers live as long as the layer. */
+export const layer = (config: RelayConfig = {}): Layer.Layer<never, ConfigError, Database | Transport> =>
+  Layer.effectDiscard(make(config))
+
+/** Runs the relay until interrupted (e.g. on SIGTERM via `Effect.runFork(...)` and `fiber.interrupt`). */
+export const run = (config: RelayConfig = {}): Effect.Effect<never, ConfigError, Database | Transport> =>
+  Effect.scoped(Effect.andThen(make(config), Effect.never))

@@ -1,0 +1,76 @@
+/**
+ * Backoff: one policy, two uses. The relay and inbox persist per-message retries
+ * as `visible_at = now() + delayFor(attempt)` (so they survive restarts), and
+ * loops that lose their database or broker retry in memory with `schedule()`.
+ * Both read the same numbers: exponential growth, a cap, ±20 % jitter.
+ */
+import { Duration, Effect, Schedule } from "effect"
+import { ConfigError } from "./Errors.ts"
+
+export interface RetryPolicy {
+  /** Delay before the first retry. @default 1 second */
+  readonly initialDelay: Duration.Input
+  /** Growth per attempt. @default 2 */
+  readonly factor: number
+  /** No delay is ever longer than this (before jitter). @default 5 minutes */
+  readonly maxDelay: Duration.Input
+  /** Scale each delay by a random factor in [0.8, 1.2], so failed messages don't retry in lockstep. @default true */
+  readonly jitter: boolean
+  /** Attempts before a message is dead (per-message retries only). @default 10 */
+  readonly maxAttempts: number
+}
+
+export const defaultRetryPolicy: RetryPolicy = {
+  initialDelay: "1 second",
+  factor: 2,
+  maxDelay: "5 minutes",
+  jitter: true,
+  maxAttempts: 10,
+}
+
+/** Validates a partial policy over the defaults; a bad value is a `ConfigError`, not a silent clamp. */
+export const makeRetryPolicy = (overrides: Partial<RetryPolicy> = {}): RetryPolicy => {
+  const policy = { ...defaultRetryPolicy, ...overrides }
+  const initial = Duration.toMillis(Duration.fromInputUnsafe(policy.initialDelay))
+  const max = Duration.toMillis(Duration.fromInputUnsafe(policy.maxDelay))
+  if (!(initial >= 0)) throw new ConfigError({ reason: `retry initialDelay must be >= 0, got ${initial} ms` })
+  if (!(max >= initial)) throw new ConfigError({ reason: "retry maxDelay must be >= initialDelay" })
+  if (!(policy.factor >= 1))
+    throw new ConfigError({ reason: `retry factor must be >= 1, got ${policy.factor}` })
+  if (!Number.isInteger(policy.maxAttempts) || policy.maxAttempts < 1) {
+    throw new ConfigError({
+      reason: `retry maxAttempts must be a positive integer, got ${policy.maxAttempts}`,
+    })
+  }
+  return policy
+}
+
+/** The un-jittered delay before retry number `attempt` (1-based), capped. */
+export const baseDelayMillis = (policy: RetryPolicy, attempt: number): number => {
+  const initial = Duration.toMillis(Duration.fromInputUnsafe(policy.initialDelay))
+  const max = Duration.toMillis(Duration.fromInputUnsafe(policy.maxDelay))
+  const raw = initial * policy.factor ** Math.max(0, attempt - 1)
+  return Math.min(max, Number.isFinite(raw) ? raw : max)
+}
+
+/** The delay before retry number `attempt`, jittered; `random` is in [0, 1). */
+export const delayFor = (policy: RetryPolicy, attempt: number, random: number = Math.random()): number => {
+  const base = baseDelayMillis(policy, attempt)
+  return Math.round(policy.jitter ? base * (0.8 + 0.4 * random) : base)
+}
+
+/**
+ * The same policy as an Effect `Schedule` for in-memory retries of a whole
+ * loop (database or broker unreachable): exponential, capped, jittered, and
+ * unbounded — infrastructure comes back, and the loop must still be there.
+ */
+export const schedule = (policy: RetryPolicy): Schedule.Schedule<Duration.Duration> => {
+  const initial = Duration.fromInputUnsafe(policy.initialDelay)
+  const max = Duration.toMillis(Duration.fromInputUnsafe(policy.maxDelay))
+  const capped = Schedule.exponential(initial, policy.factor).pipe(
+    Schedule.modifyDelay(({ duration }) =>
+      Effect.succeed(Duration.millis(Math.min(max, Duration.toMillis(duration)))),
+    ),
+  )
+  return policy.jitter ? Schedule.jittered(capped) : capped
+}

@@ -1,0 +1,28 @@
+/** W3C trace context (`traceparent`) to and from Effect spans. */
+import { Effect, Option, Tracer } from "effect"
+
+const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
+
+/** The current span as a `traceparent` header, if there is a span. */
+export const currentTraceparent: Effect.Effect<string | undefined> = Effect.map(
+  Effect.option(Effect.currentSpan),
+  (span) =>
+    Option.match(span, {
+      onNone: () => undefined,
+      onSome: (s) => {
+        const traceId = s.traceId.padStart(32, "0").slice(-32)
+        const spanId = s.spanId.padStart(16, "0").slice(-16)
+        return TRACEPARENT.test(`00-${traceId}-${spanId}-01`)
+          ? `00-${traceId}-${spanId}-${s.sampled ? "01" : "00"}`
+          : undefined
+      },
+    }),
+)
+
+/** Parses a `traceparent` into an external parent span for the consumer's span. */
+export const parentFromTraceparent = (header: string | undefined): Tracer.ExternalSpan | undefined => {
+  if (!header) return undefined
+  const match = TRACEPARENT.exec(header.trim().toLowerCase())
+  if (!match) return undefined
+  return Tracer.externalSpan({ traceId: match[1]!, spanId: match[2]!, sampled: match[3] === "01" })
+}

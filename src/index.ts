@@ -1,0 +1,39 @@
+/**
+ * txbox: the transactional outbox and inbox for TypeScript.
+ * This entry imports no driver and no Node-only module, so `Outbox.enqueue`
+ * runs wherever Kysely does.
+ */
+export {
+  type AnyContract,
+  decode,
+  defineEvent,
+  type EventContract,
+  encode,
+  type InputOf,
+  makeRegistry,
+  type PayloadOf,
+  type Registry,
+  validate,
+} from "./Contract.ts"
+export {
+  ConfigError,
+  StoreError,
+  TransportError,
+  UnknownEventError,
+  ValidationError,
+} from "./Errors.ts"
+export * as Inbox from "./Inbox.ts"
+export * as Outbox from "./Outbox.ts"
+export { Database, type DatabaseShape } from "./ports/Database.ts"
+export {
+  type Delivery,
+  type DeliveryDecision,
+  type OutgoingMessage,
+  type PublishOutcome,
+  type SubscribeOptions,
+  Transport,
+  type TransportShape,
+} from "./ports/Transport.ts"
+export * as Relay from "./Relay.ts"
+export * as Retry from "./Retry.ts"
+export type { TxboxDatabase } from "./storage/schema.ts"

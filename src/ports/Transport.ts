@@ -1,0 +1,95 @@
+/**
+ * The broker port. The relay publishes through it and the inbox consumes
+ * through it; `txbox/amqp` (RabbitMQ) and `txbox/memory` (in-process) provide it.
+ * Nothing here names a driver.
+ */
+import { Context, type Effect, type Scope } from "effect"
+import type { TransportError } from "../Errors.ts"
+
+/** One message as the relay hands it to the broker. `body` is the JSON text of the payload. */
+export interface OutgoingMessage {
+  readonly id: string
+  readonly type: string
+  readonly version: number
+  /** Routing key on the topic exchange; the event type unless overridden at enqueue. */
+  readonly routingKey: string
+  readonly body: string
+  /** String headers from enqueue (`traceparent` among them). */
+  readonly headers: Readonly<Record<string, string>>
+  readonly occurredAt: Date
+  readonly partitionKey: string | null
+  readonly tenantId: string | null
+}
+
+/**
+ * What became of one message of a batch. Only `Confirmed` means the broker
+ * took responsibility for it; everything else is retried or dead-lettered.
+ */
+export type PublishOutcome =
+  | { readonly _tag: "Confirmed" }
+  /** The broker refused it (`basic.nack`); transient. */
+  | { readonly _tag: "Nacked"; readonly error: string }
+  /** No queue would receive it (`mandatory` returned it); retried, then dead. */
+  | { readonly _tag: "Returned"; readonly error: string }
+  /** No confirm within the publish timeout; transient. */
+  | { readonly _tag: "TimedOut"; readonly error: string }
+  /** The channel or connection failed while it was in flight; transient, never counts against maxAttempts. */
+  | { readonly _tag: "Interrupted"; readonly error: string }
+  /** The message itself can never be published (e.g. larger than the broker accepts); dead at once. */
+  | { readonly _tag: "Rejected"; readonly error: string }
+
+/** One delivery as the inbox sees it: raw, not yet validated. */
+export interface Delivery {
+  /** AMQP `messageId` (the event id); absent on a foreign message that did not set it. */
+  readonly messageId: string | undefined
+  /** CloudEvents type, from the AMQP `type` property or `cloudEvents:type`. */
+  readonly type: string | undefined
+  /** Contract version from the `txbox-version` header. */
+  readonly version: number | undefined
+  readonly body: string
+  /** All application properties/headers as strings (non-strings are JSON-encoded). */
+  readonly headers: Readonly<Record<string, string>>
+  readonly partitionKey: string | undefined
+  readonly tenantId: string | undefined
+  /** 1 on first delivery; grows each time the message comes back from a retry delay. */
+  readonly attempt: number
+  /** The broker says it may have been delivered before (lost ack, consumer crash). */
+  readonly redelivered: boolean
+}
+
+/** What the consumer decided: settle it, or bring it back after a delay (and count an attempt). */
+export type DeliveryDecision = { readonly _tag: "Ack" } | { readonly _tag: "Retry"; readonly delayMs: number }
+
+export interface SubscribeOptions {
+  /** Names the consumer's queue; one queue per consumer. */
+  readonly consumer: string
+  /** Event types (routing keys) bound to the queue. */
+  readonly types: ReadonlyArray<string>
+  /** Unacknowledged deliveries in flight at once. */
+  readonly prefetch: number
+}
+
+export interface TransportShape {
+  /**
+   * Publishes a whole batch with every message in flight at once; one outcome
+   * per message, in input order. Fails with `TransportError` only when nothing
+   * could be attempted (no connection); per-message trouble is an outcome.
+   */
+  readonly publish: (
+    messages: ReadonlyArray<OutgoingMessage>,
+  ) => Effect.Effect<ReadonlyArray<PublishOutcome>, TransportError>
+  /**
+   * Consumes the consumer's queue until the scope closes. `handle` runs for
+   * each delivery (up to `prefetch` at once); the transport acks or schedules
+   * the retry only after `handle` completes. Closing the scope stops new
+   * deliveries and waits for those in flight.
+   */
+  readonly subscribe: (
+    options: SubscribeOptions,
+    handle: (delivery: Delivery) => Effect.Effect<DeliveryDecision>,
+  ) => Effect.Effect<void, TransportError, Scope.Scope>
+  /** Whether the transport currently holds a live connection (for health checks). */
+  readonly isConnected: Effect.Effect<boolean>
+}
+
+export class Transport extends Context.Service<Transport, TransportShape>()("txbox/Transport") {}

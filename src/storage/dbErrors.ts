@@ -1,0 +1,40 @@
+import { StoreError } from "../Errors.ts"
+
+// Node socket errors and postgres.js's own connection codes: the server is
+// gone or unreachable, so the operation may succeed on a later try.
+const CONNECTION_CODES = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "ETIMEDOUT",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "CONNECTION_CLOSED",
+  "CONNECTION_ENDED",
+  "CONNECTION_DESTROYED",
+  "CONNECT_TIMEOUT",
+])
+
+const CONNECTION_MESSAGES =
+  /connection terminated|connection (?:is )?closed|terminating connection|server closed the connection|Client has encountered a connection error|Connection terminated|not queryable|the database system is (?:starting up|shutting down)/i
+
+/** Maps a driver error to a `StoreError` reason by SQLSTATE class, socket code or (last) message. */
+export const classifyDbError = (operation: string, cause: unknown): StoreError => {
+  const code = typeof cause === "object" && cause !== null ? (cause as { code?: unknown }).code : undefined
+  const message = cause instanceof Error ? cause.message : String(cause)
+  let reason: StoreError["reason"] = "query"
+  if (typeof code === "string") {
+    // 08: connection exception; 57P0x: admin/crash shutdown; 53: insufficient resources.
+    if (
+      CONNECTION_CODES.has(code) ||
+      code.startsWith("08") ||
+      code.startsWith("57P") ||
+      code.startsWith("53")
+    ) {
+      reason = "connection"
+    } else if (code === "40001" || code === "40P01") reason = "serialization"
+    else if (code.startsWith("23")) reason = "constraint"
+  }
+  if (reason === "query" && CONNECTION_MESSAGES.test(message)) reason = "connection"
+  return new StoreError({ reason, operation, cause })
+}

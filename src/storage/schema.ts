@@ -1,0 +1,59 @@
+/** Kysely types for txbox's tables (migrations/*.sql are the source of truth). */
+import type { ColumnType, Generated } from "kysely"
+
+type Timestamp = ColumnType<Date, Date | string | undefined, Date | string>
+type Json<T> = ColumnType<T, string | T | undefined, string | T>
+
+export type OutboxStatus = "pending" | "sent" | "dead"
+export type InboxStatus = "pending" | "processed" | "dead"
+
+export interface OutboxTable {
+  id: string
+  type: string
+  version: number
+  payload: Json<unknown>
+  headers: Json<Record<string, string>>
+  routing_key: string | null
+  partition_key: string | null
+  tenant_id: string | null
+  occurred_at: Timestamp
+  visible_at: Timestamp
+  attempts: Generated<number>
+  status: Generated<OutboxStatus>
+  lock_token: string | null
+  published_at: Date | null
+  last_error: string | null
+}
+
+export interface InboxTable {
+  message_id: string
+  consumer: string
+  type: string | null
+  version: number | null
+  payload: Json<unknown> | null
+  raw: string | null
+  headers: Json<Record<string, string>>
+  partition_key: string | null
+  tenant_id: string | null
+  received_at: Timestamp
+  visible_at: Timestamp
+  attempts: Generated<number>
+  status: Generated<InboxStatus>
+  lock_token: string | null
+  processed_at: Date | null
+  last_error: string | null
+}
+
+export interface MigrationsTable {
+  version: number
+  name: string
+  checksum: string
+  applied_at: Generated<Date>
+}
+
+/** txbox's tables, unqualified; the store binds them to the configured schema with `withSchema`. */
+export interface TxboxDatabase {
+  outbox: OutboxTable
+  inbox: InboxTable
+  txbox_migrations: MigrationsTable
+}

@@ -1,0 +1,187 @@
+/**
+ * An in-process broker behind the `Transport` port, for tests and the demo.
+ * It keeps RabbitMQ's contract where it matters to txbox — at-least-once
+ * delivery, unroutable messages come back as `Returned`, retries come back
+ * after their delay with the attempt counted — and can misbehave on demand:
+ * duplicate deliveries, lost acks (a processed message is delivered again),
+ * and failed publishes.
+ */
+import { Effect, Layer, Queue } from "effect"
+import { TransportError } from "../../Errors.ts"
+import {
+  type Delivery,
+  type DeliveryDecision,
+  type OutgoingMessage,
+  type PublishOutcome,
+  type SubscribeOptions,
+  Transport,
+  type TransportShape,
+} from "../../ports/Transport.ts"
+
+export interface MemoryFaults {
+  /** Probability that a delivery is delivered a second time. @default 0 */
+  readonly duplicateRate?: number
+  /** Probability that an ack is lost, so the message is redelivered after it was processed. @default 0 */
+  readonly lostAckRate?: number
+  /** Probability that a published message is nacked. @default 0 */
+  readonly publishFailureRate?: number
+  /** While true, `publish` fails as if the broker were unreachable. @default false */
+  readonly down?: boolean
+}
+
+export interface MemoryTransportOptions extends MemoryFaults {
+  /** Source of randomness for the fault switches; seed it for reproducible runs. @default Math.random */
+  readonly random?: () => number
+}
+
+export interface MemoryStats {
+  readonly published: number
+  readonly delivered: number
+  readonly duplicatesInjected: number
+  readonly acksLost: number
+  readonly publishFailuresInjected: number
+}
+
+export interface MemoryBroker {
+  readonly transport: TransportShape
+  /** Changes the fault switches while running. */
+  readonly setFaults: (faults: MemoryFaults) => void
+  /** Declares a consumer's queue and bindings ahead of `subscribe`, so early publishes are kept. */
+  readonly declare: (consumer: string, types: ReadonlyArray<string>) => void
+  readonly stats: () => MemoryStats
+  /** Messages waiting in a consumer's queue. */
+  readonly depth: (consumer: string) => number
+}
+
+interface Entry {
+  readonly message: OutgoingMessage
+  readonly attempt: number
+  readonly redelivered: boolean
+}
+
+interface MemoryQueue {
+  readonly types: Set<string>
+  readonly items: Queue.Queue<Entry>
+}
+
+const toDelivery = (entry: Entry): Delivery => {
+  const m = entry.message
+  return {
+    messageId: m.id,
+    type: m.type,
+    version: m.version,
+    body: m.body,
+    headers: { ...m.headers, "txbox-version": String(m.version) },
+    partitionKey: m.partitionKey ?? undefined,
+    tenantId: m.tenantId ?? undefined,
+    attempt: entry.attempt,
+    redelivered: entry.redelivered,
+  }
+}
+
+export const makeBroker = (options: MemoryTransportOptions = {}): MemoryBroker => {
+  const random = options.random ?? Math.random
+  let faults: MemoryFaults = { ...options }
+  const queues = new Map<string, MemoryQueue>()
+  const stats = { published: 0, delivered: 0, duplicatesInjected: 0, acksLost: 0, publishFailuresInjected: 0 }
+  const chance = (rate: number | undefined) => rate !== undefined && rate > 0 && random() < rate
+
+  const declare = (consumer: string, types: ReadonlyArray<string>) => {
+    const existing = queues.get(consumer)
+    if (existing) {
+      for (const t of types) existing.types.add(t)
+      return existing
+    }
+    const queue: MemoryQueue = { types: new Set(types), items: Effect.runSync(Queue.unbounded<Entry>()) }
+    queues.set(consumer, queue)
+    return queue
+  }
+  const push = (queue: MemoryQueue, entry: Entry) => {
+    Queue.offerUnsafe(queue.items, entry)
+  }
+
+  const publish = (messages: ReadonlyArray<OutgoingMessage>) =>
+    Effect.suspend(() => {
+      if (faults.down) {
+        return Effect.fail(
+          new TransportError({ reason: "connection", operation: "publish", cause: "broker is down" }),
+        )
+      }
+      const outcomes = messages.map((message): PublishOutcome => {
+        if (chance(faults.publishFailureRate)) {
+          stats.publishFailuresInjected++
+          return { _tag: "Nacked", error: "injected publish failure" }
+        }
+        const targets = [...queues.values()].filter((q) => q.types.has(message.routingKey))
+        if (targets.length === 0)
+          return { _tag: "Returned", error: `unroutable (NO_ROUTE): ${message.routingKey}` }
+        for (const q of targets) push(q, { message, attempt: 1, redelivered: false })
+        stats.published++
+        return { _tag: "Confirmed" }
+      })
+      return Effect.succeed(outcomes)
+    })
+
+  const settle = (queue: MemoryQueue, entry: Entry, decision: DeliveryDecision) => {
+    if (decision._tag === "Retry") {
+      setTimeout(
+        () => push(queue, { ...entry, attempt: entry.attempt + 1, redelivered: false }),
+        decision.delayMs,
+      )
+    } else if (chance(faults.lostAckRate)) {
+      stats.acksLost++
+      push(queue, { ...entry, redelivered: true })
+    }
+  }
+
+  const subscribe = (
+    opts: SubscribeOptions,
+    handle: (delivery: Delivery) => Effect.Effect<DeliveryDecision>,
+  ) =>
+    Effect.gen(function* () {
+      const queue = declare(opts.consumer, opts.types)
+      const worker = Effect.gen(function* () {
+        while (true) {
+          const entry = yield* Queue.take(queue.items)
+          // From here the delivery is ours: finish it even if the scope closes.
+          yield* Effect.uninterruptible(
+            Effect.gen(function* () {
+              stats.delivered++
+              if (chance(faults.duplicateRate)) {
+                stats.duplicatesInjected++
+                push(queue, { ...entry, redelivered: true })
+              }
+              settle(queue, entry, yield* handle(toDelivery(entry)))
+            }),
+          )
+        }
+      })
+      for (let i = 0; i < Math.max(1, opts.prefetch); i++) yield* Effect.forkScoped(worker)
+    })
+
+  const transport: TransportShape = {
+    publish,
+    subscribe,
+    isConnected: Effect.sync(() => !faults.down),
+  }
+  return {
+    transport,
+    setFaults: (next) => {
+      faults = { ...faults, ...next }
+    },
+    declare: (consumer, types) => void declare(consumer, types),
+    stats: () => ({ ...stats }),
+    depth: (consumer) => {
+      const q = queues.get(consumer)
+      return q ? Queue.sizeUnsafe(q.items) : 0
+    },
+  }
+}
+
+/** A fresh in-memory broker as the `Transport` layer. */
+export const layer = (options: MemoryTransportOptions = {}): Layer.Layer<Transport> =>
+  Layer.succeed(Transport, makeBroker(options).transport)
+
+/** Provides `Transport` from an existing broker, so a test can keep its control handle. */
+export const layerFrom = (broker: MemoryBroker): Layer.Layer<Transport> =>
+  Layer.succeed(Transport, broker.transport)

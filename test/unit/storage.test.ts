@@ -1,0 +1,44 @@
+import { describe, expect, test } from "bun:test"
+import { readFileSync } from "node:fs"
+import { join } from "node:path"
+import { renderMigrationsModule } from "../../scripts/embed-migrations.ts"
+import { isUuid, uuidv7 } from "../../src/core/uuid.ts"
+import { validateSchemaName } from "../../src/storage/identifier.ts"
+import { splitStatements } from "../../src/storage/sqlSplit.ts"
+
+describe("schema names", () => {
+  test("plain identifiers pass", () => {
+    expect(validateSchemaName("txbox")).toBe("txbox")
+    expect(validateSchemaName("tenant_42")).toBe("tenant_42")
+  })
+  test.each(['txbox"; drop table x; --', "Txbox", "1abc", "", "a".repeat(64), "a-b"])(
+    "%p is refused with a clear ConfigError",
+    (name) => {
+      expect(() => validateSchemaName(name)).toThrow(/not a valid identifier/)
+    },
+  )
+})
+
+describe("migrations", () => {
+  test("the embedded module matches migrations/*.sql (run `npm run embed-migrations` if not)", () => {
+    const committed = readFileSync(join(import.meta.dir, "../../src/storage/migrations.generated.ts"), "utf8")
+    expect(committed).toBe(renderMigrationsModule())
+  })
+  test("statements split on ; outside strings, comments and $$ bodies", () => {
+    const parts = splitStatements(
+      "CREATE TABLE a (x text DEFAULT 'a;b'); -- c;\nCREATE FUNCTION f() RETURNS trigger AS $$ BEGIN x; y; END $$ LANGUAGE plpgsql;\n/* ; */",
+    )
+    expect(parts).toHaveLength(2)
+    expect(parts[1]).toContain("BEGIN x; y; END")
+  })
+})
+
+describe("uuidv7", () => {
+  test("ids are valid, version 7, and ordered within a process", () => {
+    const ids = Array.from({ length: 5000 }, uuidv7)
+    expect(ids.every(isUuid)).toBe(true)
+    expect(ids.every((id) => id[14] === "7")).toBe(true)
+    expect([...ids].sort()).toEqual(ids)
+    expect(new Set(ids).size).toBe(ids.length)
+  })
+})
