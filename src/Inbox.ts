@@ -81,6 +81,12 @@ export interface InboxConfig {
   readonly lease?: Duration.Input
   /** Store-then-process: fallback poll when no NOTIFY arrives. @default "1 second" */
   readonly pollInterval?: Duration.Input
+  /**
+   * Runs after the inbox transaction committed and before the broker ack
+   * (idempotent mode: after the handler's commit; store-then-process: after
+   * the delivery was stored). For metrics, and for tests that crash there.
+   */
+  readonly afterCommit?: (delivery: Delivery) => Effect.Effect<void>
 }
 
 export interface InboxStats {
@@ -244,6 +250,7 @@ export const make = (
           if (outcome.success === "duplicate") stats.duplicates++
           else stats.processed++
           touch()
+          if (config.afterCommit) yield* config.afterCommit(delivery)
           return { _tag: "Ack" } as const
         }
         const failure = outcome.failure
@@ -265,6 +272,7 @@ export const make = (
         yield* storeBatcher.submit(decoded.row)
         stats.stored++
         touch()
+        if (config.afterCommit) yield* config.afterCommit(delivery)
         return { _tag: "Ack" } as const
       }).pipe(Effect.catch((error: StoreError) => outageDecision(delivery, error)))
 

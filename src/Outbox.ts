@@ -122,8 +122,8 @@ export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
         .values(
           rows.map((r) => ({
             ...r,
-            payload: sql`${r.payload}::jsonb`,
-            headers: sql`${r.headers}::jsonb`,
+            payload: sql`${r.payload}::text::jsonb`,
+            headers: sql`${r.headers}::text::jsonb`,
           })),
         )
         .execute(),

@@ -111,8 +111,24 @@ export const make = (
       .listen(`${db.schema}.outbox`, wake.notify)
       .pipe(Effect.catch((e) => Effect.logWarning(`relay: LISTEN unavailable, polling only: ${e.message}`)))
 
+    // A query on a connection whose server went away can hang instead of
+    // failing (postgres.js after a backend dies); bound every statement so the
+    // loop backs off and tries again instead of waiting forever.
+    const bounded = <A>(operation: string, ms: number, effect: Effect.Effect<A, StoreError>) =>
+      effect.pipe(
+        Effect.timeoutOrElse({
+          duration: ms,
+          orElse: () => Effect.fail(new StoreError({ reason: "connection", operation, cause: "timed out" })),
+        }),
+      )
+    const statementTimeout = Math.min(c.leaseMs / 4, 10_000)
+
     const claim = Effect.fn("Relay.claim")(function* (token: string) {
-      const rows = yield* tryDb(() => outboxSql.claim(db, c.batchSize, token, c.leaseMs))
+      const rows = yield* bounded(
+        "Relay.claim",
+        statementTimeout,
+        tryDb(() => outboxSql.claim(db, c.batchSize, token, c.leaseMs)),
+      )
       yield* Effect.annotateCurrentSpan("txbox.claimed", rows.length)
       return rows
     })
@@ -136,17 +152,15 @@ export const make = (
       // A failed mark is retried for a while (the rows are confirmed; only the
       // record is missing). If the database stays away past half the lease the
       // rows come due again and are published twice: at least once, not lost.
-      const updated = yield* tryDb(() => outboxSql.mark(db, token, marks)).pipe(
-        Effect.retry({ schedule: schedule(c.outage), until: (e) => !e.retryable }),
-        Effect.timeoutOrElse({
-          duration: c.leaseMs / 2,
-          orElse: () =>
-            Effect.fail(
-              new StoreError({ reason: "connection", operation: "Relay.mark", cause: "timed out" }),
-            ),
-        }),
+      return yield* bounded(
+        "Relay.mark",
+        c.leaseMs / 2,
+        bounded(
+          "Relay.mark",
+          statementTimeout,
+          tryDb(() => outboxSql.mark(db, token, marks)),
+        ).pipe(Effect.retry({ schedule: schedule(c.outage), while: (e) => e.retryable })),
       )
-      return updated
     })
 
     /** One batch, start to end. Uninterruptible: shutdown waits for it rather than leaving rows claimed. */

@@ -48,7 +48,7 @@ const insertRows = (
     SELECT r.message_id, r.consumer, r.type, r.version, r.payload::jsonb, r.raw, COALESCE(r.headers, '{}'::jsonb),
            r.partition_key, r.tenant_id, r.attempts, ${status},
            CASE WHEN ${status} = 'processed' THEN now() END, r.last_error
-    FROM jsonb_to_recordset(${values(rows)}::jsonb) AS r(
+    FROM jsonb_to_recordset(${values(rows)}::text::jsonb) AS r(
       message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb,
       partition_key text, tenant_id text, attempts int, last_error text)
     ON CONFLICT (message_id, consumer) DO NOTHING
@@ -144,7 +144,7 @@ export const markFailures = (
         visible_at = now() + u.delay_ms * interval '1 millisecond',
         last_error = u.error,
         lock_token = NULL
-      FROM json_to_recordset(${JSON.stringify(rows)}::json) AS u(id text, status text, delay_ms bigint, error text)
+      FROM json_to_recordset(${JSON.stringify(rows)}::text::json) AS u(id text, status text, delay_ms bigint, error text)
       WHERE i.consumer = ${consumer} AND i.message_id = u.id AND i.lock_token = ${token}::uuid AND i.status = 'pending'`.execute(
       db.db,
     )

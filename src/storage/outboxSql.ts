@@ -98,7 +98,7 @@ export const mark = (db: DatabaseShape, token: string, marks: ReadonlyArray<RowM
         published_at = CASE WHEN u.status = 'sent' THEN now() ELSE o.published_at END,
         last_error = COALESCE(u.error, o.last_error),
         lock_token = NULL
-      FROM json_to_recordset(${JSON.stringify(rows)}::json) AS u(id uuid, status text, delay_ms bigint, inc int, error text)
+      FROM json_to_recordset(${JSON.stringify(rows)}::text::json) AS u(id uuid, status text, delay_ms bigint, inc int, error text)
       WHERE o.id = u.id AND o.lock_token = ${token}::uuid AND o.status = 'pending'`.execute(db.db)
     return Number(result.numAffectedRows ?? 0n)
   })
