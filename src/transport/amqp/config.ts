@@ -1,0 +1,174 @@
+/**
+ * Configuration of the RabbitMQ transport: the public interface with its
+ * defaults, and the validated, fully resolved form the layer works with.
+ */
+import { Duration, Effect, Option, type Schedule } from "effect"
+import { ConfigError } from "../../Errors.ts"
+import { defaultRetryPolicy, makeRetryPolicy, schedule } from "../../Retry.ts"
+
+/** Backoff between reconnect attempts: exponential, capped, always jittered (±20 %). */
+export interface ReconnectPolicy {
+  /** Delay after the first failed attempt. @default "500 millis" */
+  readonly initialDelay?: Duration.Input
+  /** Growth per failed attempt. @default 2 */
+  readonly factor?: number
+  /** No delay is ever longer than this (before jitter). @default "30 seconds" */
+  readonly maxDelay?: Duration.Input
+}
+
+export interface AmqpTransportConfig {
+  /**
+   * Broker URL, `amqp://user:pass@host:5672/vhost` (or `amqps://`). It is never
+   * printed: credentials are removed from every error and log line.
+   */
+  readonly url: string
+  /** The durable topic exchange events are published to and consumer queues bind to. @default "txbox.events" */
+  readonly exchange?: string
+  /** CloudEvents `source` attribute and AMQP `appId` of published messages. @default "txbox" */
+  readonly source?: string
+  /**
+   * Most unconfirmed messages in flight on the publishing channel at once
+   * (shared by concurrent `publish` calls). On this machine ≥ 1000 saturates a
+   * classic queue; more only costs memory. @default 2000
+   */
+  readonly publishWindow?: number
+  /** A message without a confirm this long after it was sent is `TimedOut`. @default "10 seconds" */
+  readonly publishTimeout?: Duration.Input
+  /** `x-queue-type` of consumer queues; quorum queues replicate and confirm faster here. @default "quorum" */
+  readonly queueType?: "quorum" | "classic"
+  /** Backoff for reconnecting after the connection is lost or cannot be opened. @default { initialDelay: "500 millis", factor: 2, maxDelay: "30 seconds" } */
+  readonly reconnect?: ReconnectPolicy
+  /** AMQP heartbeat (whole seconds; 0 disables). A dead peer is noticed after about two intervals. @default "30 seconds" */
+  readonly heartbeat?: Duration.Input
+  /** Bound on opening the TCP connection and the AMQP handshake. @default "10 seconds" */
+  readonly connectTimeout?: Duration.Input
+  /**
+   * Bodies larger than this are `Rejected` without being sent. Match the
+   * broker's `max_message_size` (128 MiB on RabbitMQ 3.x, 16 MiB on 4.x): a
+   * larger message makes the broker close the whole channel. @default 134217728
+   */
+  readonly maxMessageSize?: number
+  /**
+   * `x-expires` of the per-attempt retry delay queues, so those a consumer no
+   * longer uses disappear. Retry delays are capped at half of it. @default "1 day"
+   */
+  readonly retryQueueExpiry?: Duration.Input
+  /**
+   * Fail building the layer when the first connection attempt fails (for
+   * one-shot tools). Otherwise the layer starts disconnected, `publish` fails
+   * fast with `TransportError`, and it keeps reconnecting in the background.
+   * @default false
+   */
+  readonly failFast?: boolean
+}
+
+/** The config with every default applied and every value checked. */
+export interface ResolvedConfig {
+  readonly url: string
+  readonly exchange: string
+  readonly source: string
+  readonly publishWindow: number
+  readonly publishTimeoutMs: number
+  readonly queueType: "quorum" | "classic"
+  readonly reconnect: Schedule.Schedule<Duration.Duration>
+  /** Pause after a lost connection before the first reconnect attempt. */
+  readonly reconnectInitialMs: number
+  readonly heartbeatSeconds: number
+  readonly connectTimeoutMs: number
+  readonly maxMessageSize: number
+  readonly retryQueueExpiryMs: number
+  readonly failFast: boolean
+}
+
+export const defaults = {
+  exchange: "txbox.events",
+  source: "txbox",
+  publishWindow: 2000,
+  publishTimeout: "10 seconds",
+  queueType: "quorum",
+  reconnect: { initialDelay: "500 millis", factor: 2, maxDelay: "30 seconds" },
+  heartbeat: "30 seconds",
+  connectTimeout: "10 seconds",
+  maxMessageSize: 134_217_728,
+  retryQueueExpiry: "1 day",
+  failFast: false,
+} as const
+
+const millis = (name: string, input: Duration.Input, min: number): number => {
+  const duration = Option.getOrUndefined(Duration.fromInput(input))
+  const value = duration === undefined ? Number.NaN : Duration.toMillis(duration)
+  if (!(value >= min) || !Number.isFinite(value)) {
+    throw new ConfigError({ reason: `amqp ${name} must be a finite duration >= ${min} ms` })
+  }
+  return value
+}
+
+const positiveInteger = (name: string, value: number, max = Number.MAX_SAFE_INTEGER): number => {
+  if (!Number.isInteger(value) || value < 1 || value > max) {
+    throw new ConfigError({ reason: `amqp ${name} must be an integer in [1, ${max}], got ${value}` })
+  }
+  return value
+}
+
+const checkUrl = (url: string): string => {
+  let protocol: string
+  try {
+    protocol = new URL(url).protocol
+  } catch {
+    // Never echo the URL: it may carry a password.
+    throw new ConfigError({ reason: "amqp url is not a valid URL" })
+  }
+  if (protocol !== "amqp:" && protocol !== "amqps:") {
+    throw new ConfigError({ reason: `amqp url must use amqp: or amqps:, got ${protocol}` })
+  }
+  return url
+}
+
+const resolveUnsafe = (config: AmqpTransportConfig): ResolvedConfig => {
+  const exchange = config.exchange ?? defaults.exchange
+  if (exchange === "" || exchange.length > 255) {
+    throw new ConfigError({ reason: "amqp exchange must be a non-empty name of at most 255 characters" })
+  }
+  const source = config.source ?? defaults.source
+  if (source === "") throw new ConfigError({ reason: "amqp source must not be empty" })
+  const queueType = config.queueType ?? defaults.queueType
+  if (queueType !== "quorum" && queueType !== "classic") {
+    throw new ConfigError({
+      reason: `amqp queueType must be "quorum" or "classic", got ${String(queueType)}`,
+    })
+  }
+  const reconnect = { ...defaults.reconnect, ...config.reconnect }
+  // One backoff policy for the whole library (Retry.ts), jittered by Schedule.jittered.
+  const policy = makeRetryPolicy({ ...defaultRetryPolicy, ...reconnect, jitter: true })
+  const heartbeatMs = millis("heartbeat", config.heartbeat ?? defaults.heartbeat, 0)
+  return {
+    url: checkUrl(config.url),
+    exchange,
+    source,
+    publishWindow: positiveInteger("publishWindow", config.publishWindow ?? defaults.publishWindow),
+    publishTimeoutMs: millis("publishTimeout", config.publishTimeout ?? defaults.publishTimeout, 1),
+    queueType,
+    reconnect: schedule(policy),
+    reconnectInitialMs: millis("reconnect.initialDelay", reconnect.initialDelay, 0),
+    // AMQP counts heartbeats in whole seconds; only an explicit 0 disables them.
+    heartbeatSeconds: heartbeatMs === 0 ? 0 : Math.max(1, Math.round(heartbeatMs / 1000)),
+    connectTimeoutMs: millis("connectTimeout", config.connectTimeout ?? defaults.connectTimeout, 1),
+    maxMessageSize: positiveInteger("maxMessageSize", config.maxMessageSize ?? defaults.maxMessageSize),
+    retryQueueExpiryMs: millis(
+      "retryQueueExpiry",
+      config.retryQueueExpiry ?? defaults.retryQueueExpiry,
+      60_000,
+    ),
+    failFast: config.failFast ?? defaults.failFast,
+  }
+}
+
+/** Applies the defaults and validates once; a bad value is a `ConfigError`, never a silent clamp. */
+export const resolveConfig = (config: AmqpTransportConfig): Effect.Effect<ResolvedConfig, ConfigError> =>
+  Effect.try({
+    try: () => resolveUnsafe(config),
+    catch: (error) =>
+      error instanceof ConfigError
+        ? error
+        : new ConfigError({ reason: `invalid amqp config: ${String(error)}` }),
+  })

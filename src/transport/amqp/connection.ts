@@ -1,0 +1,290 @@
+/**
+ * One AMQP connection per layer, kept alive in the background: a supervisor
+ * fiber connects, waits for the connection to drop, and reconnects with the
+ * configured backoff. Everything is acquired in scopes, so closing the layer
+ * closes channels, then the connection, then stops the supervisor.
+ */
+import amqp, { type Channel, type ChannelModel, type ConfirmChannel } from "amqplib"
+import { Deferred, Duration, Effect, Exit, Latch, Scope } from "effect"
+import { describeCause, redactUrls, TransportError } from "../../Errors.ts"
+import type { ResolvedConfig } from "./config.ts"
+import type { ConfirmPublisher } from "./confirms.ts"
+
+/** A connection that is up, with the scope its channels live in. */
+export interface Live {
+  readonly model: ChannelModel
+  /** Closed when the connection is lost or the layer closes; channels are acquired in children of it. */
+  readonly scope: Scope.Scope
+  /** The publishing confirm channel, opened on first use and reopened after a channel error. */
+  publisher: ConfirmPublisher | undefined
+}
+
+export interface Connection {
+  /** The live connection, if any, right now. */
+  readonly current: () => Live | undefined
+  /** Waits until a connection is up (returns at once if one is). */
+  readonly awaitConnected: Effect.Effect<void>
+  /** The error to report when there is no connection. */
+  readonly notConnected: (operation: string) => TransportError
+}
+
+/** Closing a channel or connection never hangs the caller for longer than this. */
+const CLOSE_TIMEOUT = Duration.seconds(5)
+
+/** A copy of an error with any URL credentials removed from its message and stack. */
+export const redactError = (error: unknown): unknown => {
+  if (!(error instanceof Error)) return typeof error === "string" ? redactUrls(error) : error
+  const copy = new Error(redactUrls(error.message))
+  copy.name = error.name
+  if (error.stack !== undefined) copy.stack = redactUrls(error.stack)
+  const code = (error as { code?: unknown }).code
+  if (code !== undefined) (copy as { code?: unknown }).code = code
+  return copy
+}
+
+export const transportError = (
+  reason: TransportError["reason"],
+  operation: string,
+  cause: unknown,
+): TransportError => new TransportError({ reason, operation, cause: redactError(cause) })
+
+/** Classifies a failed channel operation: the broker refusing a declaration is `topology`. */
+export const channelError = (operation: string, cause: unknown): TransportError => {
+  const code = (cause as { code?: unknown } | undefined)?.code
+  // 403 access refused, 404 not found, 405 resource locked, 406 precondition failed (inequivalent arguments).
+  if (code === 403 || code === 404 || code === 405 || code === 406)
+    return transportError("topology", operation, cause)
+  const text = cause instanceof Error ? cause.message : String(cause)
+  if (/Connection (closed|closing)/i.test(text)) return transportError("connection", operation, cause)
+  return transportError("channel", operation, cause)
+}
+
+/** Runs one broker RPC (a promise), bounded by `timeoutMs`, mapping failures to `TransportError`. */
+export const rpc = <A>(
+  operation: string,
+  timeoutMs: number,
+  run: () => Promise<A>,
+): Effect.Effect<A, TransportError> =>
+  Effect.tryPromise({ try: run, catch: (cause) => channelError(operation, cause) }).pipe(
+    Effect.timeoutOrElse({
+      duration: Duration.millis(timeoutMs),
+      orElse: () => Effect.fail(transportError("channel", operation, `no reply within ${timeoutMs} ms`)),
+    }),
+  )
+
+/** Closes a channel, ignoring that it may already be closed; never hangs. */
+export const closeChannel = (channel: Channel): Effect.Effect<void> =>
+  Effect.tryPromise(() => channel.close()).pipe(Effect.timeout(CLOSE_TIMEOUT), Effect.ignore)
+
+interface ChannelOptions {
+  /** amqplib's write buffer, in frames, before `publish` returns false (default 1024). */
+  readonly highWaterMark: number
+  readonly timeoutMs: number
+  readonly operation: string
+}
+
+/**
+ * Opens a channel in `scope` (closed with it). `watch` runs in the promise's
+ * own continuation, before any other I/O callback can run: a `close` event
+ * emitted between the channel opening and a fiber resuming would otherwise be
+ * missed, and the channel silently dead forever.
+ */
+const acquireChannel = <C extends Channel, A>(
+  scope: Scope.Scope,
+  options: ChannelOptions,
+  create: () => Promise<C>,
+  watch: (channel: C) => A,
+): Effect.Effect<A, TransportError> =>
+  Effect.acquireRelease(
+    Effect.callback<{ readonly channel: C; readonly value: A }, TransportError>((resume) => {
+      let abandoned = false
+      create().then(
+        (channel) => {
+          // An EventEmitter without an `error` listener throws; failures surface through `close`.
+          channel.on("error", () => {})
+          // Timed out or interrupted while opening: nobody else will close it.
+          if (abandoned) channel.close().catch(() => {})
+          else resume(Effect.succeed({ channel, value: watch(channel) }))
+        },
+        (cause: unknown) => resume(Effect.fail(channelError(options.operation, cause))),
+      )
+      return Effect.sync(() => {
+        abandoned = true
+      })
+    }).pipe(
+      Effect.timeoutOrElse({
+        duration: Duration.millis(options.timeoutMs),
+        orElse: () =>
+          Effect.fail(
+            transportError("channel", options.operation, `no channel within ${options.timeoutMs} ms`),
+          ),
+      }),
+    ),
+    ({ channel }) => closeChannel(channel),
+    // So the timeout can interrupt a stuck open.
+    { interruptible: true },
+  ).pipe(
+    Effect.map(({ value }) => value),
+    Scope.provide(scope),
+  )
+
+/** A confirm channel on `live`, closed with `scope`; `watch` attaches listeners at once. */
+export const openConfirmChannel = <A>(
+  live: Live,
+  scope: Scope.Scope,
+  options: ChannelOptions,
+  watch: (channel: ConfirmChannel) => A,
+): Effect.Effect<A, TransportError> =>
+  acquireChannel(
+    scope,
+    options,
+    () => live.model.createConfirmChannel({ highWaterMark: options.highWaterMark }),
+    watch,
+  )
+
+/** A plain channel on `live`, closed with `scope`. */
+export const openPlainChannel = (
+  live: Live,
+  scope: Scope.Scope,
+  options: ChannelOptions,
+): Effect.Effect<Channel, TransportError> =>
+  acquireChannel(
+    scope,
+    options,
+    () => live.model.createChannel({ highWaterMark: options.highWaterMark }),
+    (channel) => channel,
+  )
+
+interface SocketHolder {
+  readonly connection?: { readonly stream?: { destroy?: () => void } }
+}
+
+const closeModel = (model: ChannelModel): Effect.Effect<void> =>
+  Effect.tryPromise(() => model.close()).pipe(
+    Effect.timeout(CLOSE_TIMEOUT),
+    // The broker did not answer the close: drop the socket instead.
+    Effect.catch(() => Effect.sync(() => (model as unknown as SocketHolder).connection?.stream?.destroy?.())),
+    Effect.ignore,
+  )
+
+/** The URL amqplib connects to: the configured one with our heartbeat unless it sets its own. */
+const connectUrl = (config: ResolvedConfig): string => {
+  const url = new URL(config.url)
+  if (!url.searchParams.has("heartbeat")) url.searchParams.set("heartbeat", String(config.heartbeatSeconds))
+  return url.toString()
+}
+
+interface Opened {
+  readonly model: ChannelModel
+  /** Completed with the reason when the connection closes. */
+  readonly lost: Deferred.Deferred<unknown>
+}
+
+/** Connects; `onClose` runs synchronously on the connection's `close` event. */
+const openModel = (config: ResolvedConfig, onClose: () => void): Effect.Effect<Opened, TransportError> =>
+  Effect.callback<Opened, TransportError>((resume) => {
+    let abandoned = false
+    amqp
+      .connect(connectUrl(config), {
+        timeout: config.connectTimeoutMs,
+        clientProperties: { connection_name: `txbox ${config.source}` },
+      })
+      .then(
+        (model) => {
+          // Listeners first (see acquireChannel): a missed `close` would leave us "connected" forever.
+          const lost = Deferred.makeUnsafe<unknown>()
+          let error: unknown
+          model.on("error", (cause: unknown) => {
+            error = cause
+          })
+          model.on("blocked", (reason: unknown) => {
+            error = `connection blocked by the broker: ${String(reason)}`
+          })
+          model.on("close", (cause?: unknown) => {
+            onClose()
+            Deferred.doneUnsafe(lost, Effect.succeed(cause ?? error ?? "connection closed"))
+          })
+          // Interrupted while connecting: nobody will close this one but us.
+          if (abandoned) model.close().catch(() => {})
+          else resume(Effect.succeed({ model, lost }))
+        },
+        (cause: unknown) => resume(Effect.fail(transportError("connection", "AmqpTransport.connect", cause))),
+      )
+    return Effect.sync(() => {
+      abandoned = true
+    })
+  })
+
+/**
+ * Starts the connection supervisor in the current scope and waits for its
+ * first attempt, so a transport built against a healthy broker is connected
+ * when the layer is ready. If that attempt fails, the layer still starts
+ * (unless `failFast`) and keeps reconnecting in the background.
+ */
+export const makeConnection: (
+  config: ResolvedConfig,
+) => Effect.Effect<Connection, TransportError, Scope.Scope> = Effect.fnUntraced(function* (
+  config: ResolvedConfig,
+) {
+  let live: Live | undefined
+  let lastError: unknown
+  const connected = yield* Latch.make(false)
+  const firstAttempt = Deferred.makeUnsafe<void, TransportError>()
+  // From the `close` event on, publish fails fast and subscriptions wait.
+  const markDown = (): void => {
+    live = undefined
+    connected.closeUnsafe()
+  }
+
+  const lifetime = Effect.gen(function* () {
+    const { model, lost } = yield* Effect.acquireRelease(openModel(config, markDown), ({ model }) =>
+      closeModel(model),
+    )
+    yield* Effect.addFinalizer(() => Effect.sync(markDown))
+    // The connection may have dropped while this fiber was waiting to resume.
+    if (!Deferred.isDoneUnsafe(lost)) {
+      live = { model, scope: yield* Effect.scope, publisher: undefined }
+      lastError = undefined
+      connected.openUnsafe()
+      Deferred.doneUnsafe(firstAttempt, Effect.void)
+      yield* Effect.logDebug("txbox amqp: connected")
+    }
+    const cause = yield* Deferred.await(lost)
+    lastError = cause
+    yield* Effect.logWarning(`txbox amqp: connection lost (${describeCause(cause)}); reconnecting`)
+  }).pipe(
+    Effect.scoped,
+    Effect.tapError((error) =>
+      Effect.suspend(() => {
+        lastError = error.cause
+        const first = Deferred.doneUnsafe(firstAttempt, Effect.fail(error))
+        return first ? Effect.void : Effect.logWarning(`txbox amqp: reconnect failed: ${error.message}`)
+      }),
+    ),
+  )
+
+  // Each loss starts a fresh backoff; the pause after a loss keeps a connection
+  // that drops right after opening from turning into a reconnect storm.
+  const supervisor = lifetime.pipe(
+    Effect.retry(config.reconnect),
+    Effect.andThen(Effect.sleep(Duration.millis(config.reconnectInitialMs))),
+    Effect.forever,
+  )
+  yield* Effect.forkScoped(supervisor)
+
+  const first = yield* Effect.exit(Deferred.await(firstAttempt))
+  if (Exit.isFailure(first)) {
+    if (config.failFast) return yield* Effect.failCause(first.cause)
+    yield* Effect.logWarning(
+      `txbox amqp: broker unreachable at start (${describeCause(lastError)}); reconnecting`,
+    )
+  }
+
+  const connection: Connection = {
+    current: () => live,
+    awaitConnected: connected.await,
+    notConnected: (operation) =>
+      transportError("connection", operation, lastError === undefined ? "not connected" : lastError),
+  }
+  return connection
+})

@@ -1,0 +1,335 @@
+/**
+ * Consuming: one confirm channel per subscription, a durable queue per
+ * consumer bound to its event types, manual acks after the handler, and
+ * retries through per-attempt delay queues so a retried message never blocks
+ * the queue behind it.
+ */
+import type { ConfirmChannel, ConsumeMessage } from "amqplib"
+import { Cause, Deferred, Duration, Effect, Exit, Fiber, FiberSet, Option, Scope } from "effect"
+import { describeCause, type TransportError } from "../../Errors.ts"
+import type {
+  Delivery,
+  DeliveryDecision,
+  PublishOutcome,
+  SubscribeOptions,
+  TransportShape,
+} from "../../ports/Transport.ts"
+import type { ResolvedConfig } from "./config.ts"
+import { ConfirmPublisher } from "./confirms.ts"
+import { type Connection, openConfirmChannel, openPlainChannel, rpc, transportError } from "./connection.ts"
+import { decodeDelivery, retryCopyOptions } from "./wire.ts"
+
+/** The queue a consumer owns. */
+export const queueName = (consumer: string): string => `txbox.${consumer}`
+
+/**
+ * The delay queue for messages whose attempt number `attempt` failed.
+ *
+ * RabbitMQ expires per-message TTLs only at the head of a queue, so in a single
+ * delay queue a 5-minute retry would hold back a 1-second one queued behind it.
+ * Retry delays grow with the attempt number (exponential backoff, ±20 %
+ * jitter), so messages that share an attempt number have similar delays: one
+ * queue per attempt number keeps that head-of-line wait within the jitter.
+ */
+export const delayQueueName = (consumer: string, attempt: number): string =>
+  `${queueName(consumer)}.retry.${attempt}`
+
+/** A handler that dies is retried after this long (it is a bug, not a transient failure). */
+const DEFECT_RETRY: DeliveryDecision = { _tag: "Retry", delayMs: 5_000 }
+/** When a retry cannot be scheduled through a delay queue, wait at most this long in memory before requeueing. */
+const FALLBACK_DELAY_MS = 5_000
+
+/** One channel's worth of consuming; replaced after the channel or connection is lost. */
+interface Generation {
+  readonly channel: ConfirmChannel
+  /** Confirms for the copies sent to delay queues. */
+  readonly publisher: ConfirmPublisher
+  readonly scope: Scope.Closeable
+  /** Completed when the channel closes or the broker cancels the consumer. */
+  readonly lost: Deferred.Deferred<unknown>
+  consumerTag: string
+  open: boolean
+}
+
+type Handle = (delivery: Delivery) => Effect.Effect<DeliveryDecision>
+
+const validate = (options: SubscribeOptions): TransportError | undefined => {
+  const problem =
+    typeof options.consumer !== "string" || options.consumer === ""
+      ? "consumer must be a non-empty string"
+      : Buffer.byteLength(delayQueueName(options.consumer, 1_000_000)) > 255
+        ? "consumer name is too long for an AMQP queue name"
+        : !Number.isInteger(options.prefetch) || options.prefetch < 1 || options.prefetch > 65_535
+          ? `prefetch must be an integer in [1, 65535], got ${options.prefetch}`
+          : !Array.isArray(options.types) || options.types.some((t) => typeof t !== "string")
+            ? "types must be an array of strings"
+            : undefined
+  return problem === undefined ? undefined : transportError("topology", "AmqpTransport.subscribe", problem)
+}
+
+export const makeSubscribe = (
+  connection: Connection,
+  config: ResolvedConfig,
+): TransportShape["subscribe"] => {
+  const timeoutMs = config.publishTimeoutMs
+  // Re-declaring a delay queue resets its `x-expires` clock (publishing does not).
+  const redeclareAfterMs = config.retryQueueExpiryMs / 4
+  const maxDelayMs = config.retryQueueExpiryMs / 2
+
+  return Effect.fn("AmqpTransport.subscribe")(function* (options: SubscribeOptions, handle: Handle) {
+    const invalid = validate(options)
+    if (invalid !== undefined) return yield* invalid
+    const operation = `AmqpTransport.subscribe(${options.consumer})`
+    const queue = queueName(options.consumer)
+    const callerScope = yield* Effect.scope
+    // Created first so it closes last: channels stay open until the handlers are settled.
+    const generations = yield* Scope.fork(callerScope)
+    const handlers = yield* FiberSet.make<void, never>()
+    const run = yield* FiberSet.runtime(handlers)<never>()
+    const stop = Deferred.makeUnsafe<void>()
+    const ready = Deferred.makeUnsafe<void, TransportError>()
+    const declaredAt = new Map<string, number>()
+
+    const declareDelayQueue = (name: string, force: boolean): Effect.Effect<void, TransportError> =>
+      Effect.suspend(() => {
+        const last = declaredAt.get(name)
+        if (!force && last !== undefined && Date.now() - last < redeclareAfterMs) return Effect.void
+        const live = connection.current()
+        if (live === undefined) return Effect.fail(connection.notConnected(operation))
+        // A short-lived channel of its own: a refused declaration (406 when the
+        // queue exists with other arguments) closes that channel, not the consumer's.
+        return Effect.scopedWith((scope) =>
+          Effect.gen(function* () {
+            const channel = yield* openPlainChannel(live, scope, { highWaterMark: 16, timeoutMs, operation })
+            yield* rpc(operation, timeoutMs, () =>
+              channel.assertQueue(name, {
+                durable: true,
+                arguments: {
+                  "x-queue-type": "classic",
+                  "x-dead-letter-exchange": "",
+                  "x-dead-letter-routing-key": queue,
+                  "x-expires": config.retryQueueExpiryMs,
+                },
+              }),
+            )
+            declaredAt.set(name, Date.now())
+          }),
+        )
+      })
+
+    const publishCopy = (
+      generation: Generation,
+      delayQueue: string,
+      message: ConsumeMessage,
+      nextAttempt: number,
+      delayMs: number,
+    ): Effect.Effect<PublishOutcome> =>
+      Effect.callback<PublishOutcome>((resume) => {
+        const item = {
+          _tag: "Encoded" as const,
+          message: {
+            routingKey: delayQueue,
+            content: message.content,
+            options: retryCopyOptions(message, nextAttempt, delayMs),
+          },
+        }
+        const batch = generation.publisher.publish("", [item], (outcomes) =>
+          resume(Effect.succeed(outcomes[0] ?? { _tag: "Interrupted", error: "no outcome" })),
+        )
+        return Effect.sync(() => generation.publisher.abandon(batch))
+      })
+
+    const ack = (generation: Generation, message: ConsumeMessage): void => {
+      // A closed channel cannot ack; the broker redelivers the message instead.
+      if (!generation.open) return
+      try {
+        generation.channel.ack(message)
+      } catch {}
+    }
+
+    const requeue = (generation: Generation, message: ConsumeMessage): void => {
+      if (!generation.open) return
+      try {
+        generation.channel.nack(message, false, true)
+      } catch {}
+    }
+
+    /** Copies the message to the delay queue, waits for the broker's confirm, then acks the original. */
+    const retry = (generation: Generation, message: ConsumeMessage, attempt: number, delayMs: number) =>
+      Effect.gen(function* () {
+        const delay = Math.min(maxDelayMs, Math.max(0, Number.isFinite(delayMs) ? delayMs : 0))
+        const delayQueue = delayQueueName(options.consumer, attempt)
+        let problem = "unknown"
+        for (let tries = 0; tries < 2; tries++) {
+          const declared = yield* Effect.exit(declareDelayQueue(delayQueue, tries > 0))
+          if (Exit.isFailure(declared)) {
+            problem = describeCause(Cause.squash(declared.cause))
+            break
+          }
+          const outcome = yield* publishCopy(generation, delayQueue, message, attempt + 1, delay)
+          if (outcome._tag === "Confirmed") return ack(generation, message)
+          // The channel is gone, so is the unacked original: the broker redelivers it.
+          if (outcome._tag === "Interrupted") return
+          problem = `${outcome._tag}: ${outcome.error}`
+          // Returned: the delay queue vanished since we declared it; declare it again once.
+          if (outcome._tag !== "Returned") break
+        }
+        yield* Effect.logWarning(
+          `txbox amqp: could not schedule a retry through ${delayQueue} (${problem}); requeueing after an in-memory delay`,
+        )
+        yield* Effect.sleep(Duration.millis(Math.min(delay, FALLBACK_DELAY_MS)))
+        requeue(generation, message)
+      })
+
+    const processDelivery = (generation: Generation, message: ConsumeMessage): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        const delivery = decodeDelivery(message)
+        const decision = yield* Effect.suspend(() => handle(delivery)).pipe(
+          Effect.catchCause((cause) =>
+            // Interrupted handlers stay unsettled; the broker redelivers them.
+            Cause.hasInterruptsOnly(cause)
+              ? Effect.failCause(cause)
+              : Effect.logError(`txbox amqp: handler for ${options.consumer} died; retrying`, cause).pipe(
+                  Effect.as(DEFECT_RETRY),
+                ),
+          ),
+        )
+        if (decision._tag === "Ack") ack(generation, message)
+        else yield* retry(generation, message, delivery.attempt, decision.delayMs)
+      })
+
+    /** Opens a channel, declares and binds the queue, and starts consuming. */
+    const setup = (live: NonNullable<ReturnType<Connection["current"]>>, scope: Scope.Closeable) =>
+      Effect.gen(function* () {
+        const generation = yield* openConfirmChannel(
+          live,
+          scope,
+          { highWaterMark: 1024, timeoutMs, operation },
+          (channel): Generation => {
+            const lost = Deferred.makeUnsafe<unknown>()
+            let lastError: unknown
+            const generation: Generation = {
+              channel,
+              publisher: new ConfirmPublisher(channel, {
+                window: config.publishWindow,
+                timeoutMs,
+                maxMessageSize: config.maxMessageSize,
+              }),
+              scope,
+              lost,
+              consumerTag: "",
+              open: true,
+            }
+            channel.on("error", (error: unknown) => {
+              lastError = error
+            })
+            channel.on("close", () => {
+              generation.open = false
+              Deferred.doneUnsafe(lost, Effect.succeed(lastError ?? "channel closed"))
+            })
+            return generation
+          },
+        )
+        const { channel, lost } = generation
+        yield* rpc(operation, timeoutMs, () =>
+          channel.assertExchange(config.exchange, "topic", { durable: true }),
+        )
+        yield* rpc(operation, timeoutMs, () =>
+          channel.assertQueue(queue, { durable: true, arguments: { "x-queue-type": config.queueType } }),
+        )
+        for (const type of options.types) {
+          yield* rpc(operation, timeoutMs, () => channel.bindQueue(queue, config.exchange, type))
+        }
+        yield* rpc(operation, timeoutMs, () => channel.prefetch(options.prefetch))
+        const reply = yield* rpc(operation, timeoutMs, () =>
+          channel.consume(
+            queue,
+            (message) => {
+              // null: the broker cancelled the consumer (queue deleted); resubscribe.
+              if (message === null)
+                Deferred.doneUnsafe(lost, Effect.succeed("consumer cancelled by the broker"))
+              else run(processDelivery(generation, message))
+            },
+            { noAck: false },
+          ),
+        )
+        generation.consumerTag = reply.consumerTag
+        return generation
+      })
+
+    /** One attempt to subscribe; its channel lives in a scope of its own, closed if the attempt fails. */
+    const attach: Effect.Effect<Generation, TransportError> = Effect.uninterruptibleMask((restore) =>
+      Effect.gen(function* () {
+        const live = connection.current()
+        if (live === undefined) return yield* connection.notConnected(operation)
+        const scope = yield* Scope.fork(generations)
+        const exit = yield* Effect.exit(restore(setup(live, scope)))
+        if (Exit.isFailure(exit)) {
+          yield* Scope.close(scope, exit)
+          return yield* Effect.failCause(exit.cause)
+        }
+        return exit.value
+      }),
+    )
+
+    const reattach = connection.awaitConnected.pipe(
+      Effect.andThen(attach),
+      Effect.tapError((error) =>
+        Effect.logWarning(`txbox amqp: resubscribing ${options.consumer} failed: ${error.message}`),
+      ),
+      Effect.retry(config.reconnect),
+    )
+
+    /** Consumes until the channel is lost (false) or the subscription stops (true). */
+    const consume = (generation: Generation) =>
+      Effect.gen(function* () {
+        const stopped = yield* Effect.raceFirst(
+          Deferred.await(generation.lost).pipe(Effect.as(false)),
+          Deferred.await(stop).pipe(Effect.as(true)),
+        )
+        if (stopped) {
+          // Stop new deliveries, let the handlers in flight finish and settle on this channel, then close it.
+          if (generation.open) {
+            yield* rpc(operation, timeoutMs, () => generation.channel.cancel(generation.consumerTag)).pipe(
+              Effect.ignore,
+            )
+          }
+          yield* FiberSet.awaitEmpty(handlers)
+        } else {
+          const cause = yield* Deferred.await(generation.lost)
+          yield* Effect.logWarning(
+            `txbox amqp: consumer ${options.consumer} lost its channel (${describeCause(cause)}); resubscribing`,
+          )
+        }
+        yield* Scope.close(generation.scope, Exit.void)
+        return stopped
+      })
+
+    const loop = Effect.gen(function* () {
+      const first = yield* Effect.exit(attach)
+      Deferred.doneUnsafe(ready, Exit.isFailure(first) ? Effect.failCause(first.cause) : Effect.void)
+      if (Exit.isFailure(first)) return
+      let generation = first.value
+      while (!(yield* consume(generation))) {
+        const next = yield* Effect.raceFirst(
+          reattach.pipe(Effect.map(Option.some)),
+          Deferred.await(stop).pipe(Effect.as(Option.none<Generation>())),
+        )
+        if (Option.isNone(next)) return
+        generation = next.value
+      }
+    })
+
+    const loopFiber = yield* Effect.forkScoped(loop)
+    // Added last, so it runs first when the scope closes: before the loop is
+    // interrupted and before the channels close.
+    yield* Effect.addFinalizer(() =>
+      Effect.gen(function* () {
+        Deferred.doneUnsafe(stop, Effect.void)
+        yield* Fiber.await(loopFiber)
+        yield* FiberSet.awaitEmpty(handlers)
+      }),
+    )
+    yield* Deferred.await(ready)
+  })
+}

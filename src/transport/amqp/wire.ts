@@ -1,0 +1,174 @@
+/**
+ * The wire format, both ways, as pure functions: an `OutgoingMessage` becomes
+ * an AMQP publish following the CloudEvents 1.0 AMQP binding (binary mode: the
+ * body is the event data, the attributes are AMQP properties and application
+ * properties), and any AMQP delivery — ours or a foreign one — becomes a
+ * `Delivery` without throwing.
+ */
+import type { Message, MessagePropertyHeaders, Options } from "amqplib"
+import type { Delivery, OutgoingMessage } from "../../ports/Transport.ts"
+
+/** Application property names (AMQP headers) this library writes and reads. */
+export const Headers = {
+  specversion: "cloudEvents:specversion",
+  id: "cloudEvents:id",
+  type: "cloudEvents:type",
+  source: "cloudEvents:source",
+  time: "cloudEvents:time",
+  /** The event contract version, a number. */
+  version: "txbox-version",
+  partitionKey: "partition-key",
+  tenantId: "tenant-id",
+  traceparent: "traceparent",
+  /** Attempt number of a copy republished through a retry delay queue (2 for the first retry). */
+  attempt: "x-txbox-attempt",
+} as const
+
+export const CONTENT_TYPE = "application/json"
+export const SPEC_VERSION = "1.0"
+
+/** A message ready for `channel.publish`: the body converted once, the properties built once. */
+export interface EncodedMessage {
+  readonly routingKey: string
+  readonly content: Buffer
+  readonly options: Options.Publish
+}
+
+/** Either the publish arguments or why this message can never be sent. */
+export type EncodeResult =
+  | { readonly _tag: "Encoded"; readonly message: EncodedMessage }
+  | { readonly _tag: "Invalid"; readonly error: string }
+
+/**
+ * Maps an outgoing message to publish arguments. User headers go first so that
+ * the CloudEvents attributes cannot be overridden by a header of the same name.
+ */
+export const encodeMessage = (message: OutgoingMessage, source: string): EncodeResult => {
+  const millis = message.occurredAt.getTime()
+  if (!Number.isFinite(millis))
+    return { _tag: "Invalid", error: `message ${message.id} has an invalid occurredAt` }
+  const headers: Record<string, string | number> = { ...message.headers }
+  headers[Headers.specversion] = SPEC_VERSION
+  headers[Headers.id] = message.id
+  headers[Headers.type] = message.type
+  headers[Headers.source] = source
+  headers[Headers.time] = message.occurredAt.toISOString()
+  headers[Headers.version] = message.version
+  if (message.partitionKey !== null) headers[Headers.partitionKey] = message.partitionKey
+  if (message.tenantId !== null) headers[Headers.tenantId] = message.tenantId
+  return {
+    _tag: "Encoded",
+    message: {
+      routingKey: message.routingKey,
+      content: Buffer.from(message.body, "utf8"),
+      options: {
+        messageId: message.id,
+        type: message.type,
+        // AMQP timestamps are whole seconds; the exact time is in cloudEvents:time.
+        timestamp: Math.floor(millis / 1000),
+        contentType: CONTENT_TYPE,
+        appId: source,
+        headers,
+        persistent: true,
+        mandatory: true,
+      },
+    },
+  }
+}
+
+const headerString = (value: unknown): string => {
+  if (typeof value === "string") return value
+  // Binary long strings come from other clients; text is what callers expect.
+  if (Buffer.isBuffer(value)) return value.toString("utf8")
+  if (value === undefined) return ""
+  if (typeof value === "number" || typeof value === "boolean" || typeof value === "bigint")
+    return String(value)
+  try {
+    return (
+      JSON.stringify(value, (_key, v: unknown) => {
+        if (typeof v === "bigint") return v.toString()
+        // JSON.stringify has already turned Buffers into {type, data} here.
+        if (v !== null && typeof v === "object" && (v as { type?: unknown }).type === "Buffer") {
+          const data = (v as { data?: unknown }).data
+          if (Array.isArray(data)) return Buffer.from(data as Array<number>).toString("utf8")
+        }
+        return v
+      }) ?? String(value)
+    )
+  } catch {
+    return String(value)
+  }
+}
+
+const optionalString = (value: unknown): string | undefined =>
+  typeof value === "string" ? value : Buffer.isBuffer(value) ? value.toString("utf8") : undefined
+
+const finiteNumber = (value: unknown): number | undefined => {
+  const n =
+    typeof value === "number"
+      ? value
+      : typeof value === "string" && value.trim() !== ""
+        ? Number(value)
+        : Number.NaN
+  return Number.isFinite(n) ? n : undefined
+}
+
+/**
+ * Maps any delivery to what the inbox sees. Missing properties, missing or
+ * odd headers and non-string values are tolerated: a foreign message must
+ * reach the inbox (which dead-letters what it cannot handle), never crash the
+ * consumer.
+ */
+export const decodeDelivery = (message: Message): Delivery => {
+  const properties = message.properties ?? {}
+  const raw: MessagePropertyHeaders =
+    properties.headers !== null && typeof properties.headers === "object" ? properties.headers : {}
+  const headers: Record<string, string> = {}
+  for (const key of Object.keys(raw)) headers[key] = headerString(raw[key])
+  const version = finiteNumber(raw[Headers.version])
+  const attempt = finiteNumber(raw[Headers.attempt])
+  return {
+    messageId: optionalString(properties.messageId) ?? optionalString(raw[Headers.id]),
+    type: optionalString(properties.type) ?? optionalString(raw[Headers.type]),
+    version,
+    body: Buffer.isBuffer(message.content) ? message.content.toString("utf8") : "",
+    headers,
+    partitionKey: optionalString(raw[Headers.partitionKey]),
+    tenantId: optionalString(raw[Headers.tenantId]),
+    attempt: attempt !== undefined && Number.isInteger(attempt) && attempt >= 1 ? attempt : 1,
+    redelivered: message.fields?.redelivered === true,
+  }
+}
+
+/** Headers the broker adds on dead-lettering; dropped from retry copies so they do not pile up. */
+const isDeathHeader = (key: string): boolean =>
+  key === "x-death" || key.startsWith("x-first-death-") || key.startsWith("x-last-death-")
+
+/**
+ * Publish options for the copy of a delivery sent to a retry delay queue: the
+ * same properties and headers (so the event is unchanged when it comes back),
+ * the next attempt number, and the delay as per-message TTL.
+ */
+export const retryCopyOptions = (message: Message, nextAttempt: number, delayMs: number): Options.Publish => {
+  const p = message.properties ?? {}
+  const headers: Record<string, unknown> = {}
+  const raw: Record<string, unknown> = p.headers !== null && typeof p.headers === "object" ? p.headers : {}
+  for (const key of Object.keys(raw)) if (!isDeathHeader(key)) headers[key] = raw[key]
+  headers[Headers.attempt] = nextAttempt
+  const options: Options.Publish = {
+    headers,
+    persistent: true,
+    mandatory: true,
+    expiration: String(Math.max(0, Math.round(delayMs))),
+  }
+  if (p.contentType !== undefined) options.contentType = p.contentType
+  if (p.contentEncoding !== undefined) options.contentEncoding = p.contentEncoding
+  if (p.priority !== undefined) options.priority = p.priority
+  if (p.correlationId !== undefined) options.correlationId = p.correlationId
+  if (p.replyTo !== undefined) options.replyTo = p.replyTo
+  if (p.messageId !== undefined) options.messageId = p.messageId
+  if (p.timestamp !== undefined) options.timestamp = p.timestamp
+  if (p.type !== undefined) options.type = p.type
+  if (p.appId !== undefined) options.appId = p.appId
+  return options
+}

@@ -1,0 +1,285 @@
+// The inbox on real PostgreSQL and RabbitMQ. Effects are counted in a business table (`effects`),
+// written by the handlers through the inbox's transaction.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test"
+import amqp from "amqplib"
+import { Effect, Layer, ManagedRuntime } from "effect"
+import { sql } from "kysely"
+import { uuidv7 } from "../../src/core/uuid.ts"
+import * as Inbox from "../../src/Inbox.ts"
+import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { Note } from "../fixtures/contracts.ts"
+import { amqpUrl, uniqueName } from "../support/db.ts"
+import { startFixture } from "../support/processes.ts"
+import { eventually, type MigratedDatabase, migratedDatabase, storeLayer } from "../support/txbox.ts"
+
+let t: MigratedDatabase
+beforeAll(async () => {
+  t = await migratedDatabase("inbox")
+})
+afterAll(async () => {
+  await t.close()
+})
+
+type Mode = "idempotent" | "store-then-process"
+
+const note = (text: string, extra: Partial<OutgoingMessage> = {}): OutgoingMessage => ({
+  id: uuidv7(),
+  type: Note.type,
+  version: Note.version,
+  routingKey: Note.type,
+  body: JSON.stringify({ note: text }),
+  headers: {},
+  occurredAt: new Date(),
+  partitionKey: null,
+  tenantId: null,
+  ...extra,
+})
+
+/** Publishes through txbox's own transport and insists every message was confirmed. */
+const publish = async (exchange: string, messages: ReadonlyArray<OutgoingMessage>) => {
+  const runtime = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
+  try {
+    const outcomes = await runtime.runPromise(
+      Effect.gen(function* () {
+        const transport = yield* Transport
+        return yield* transport.publish(messages)
+      }),
+    )
+    expect(outcomes.filter((o) => o._tag !== "Confirmed")).toEqual([])
+  } finally {
+    await runtime.dispose()
+  }
+}
+
+/** The same handler as the fixture's, in this process: one `effects` row per applied message. */
+const recordingHandler = (consumer: string, failUntilAttempt = 0) =>
+  Inbox.handler(Note, ({ payload, envelope, trx }) =>
+    envelope.attempt <= failUntilAttempt || payload.note.startsWith("poison")
+      ? Effect.fail(new Error(`refusing ${payload.note} on attempt ${envelope.attempt}`))
+      : Effect.promise(() =>
+          sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
+            trx,
+          ),
+        ),
+  )
+
+const startInbox = (
+  exchange: string,
+  config: Omit<Inbox.InboxConfig, "handlers"> & { failUntilAttempt?: number },
+) => {
+  const runtime = ManagedRuntime.make(
+    Inbox.layer({
+      pollInterval: "100 millis",
+      retry: { initialDelay: "100 millis", maxDelay: "300 millis", maxAttempts: 3 },
+      handlers: [recordingHandler(config.consumer, config.failUntilAttempt)],
+      ...config,
+    }).pipe(
+      Layer.provide(
+        Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+      ),
+    ),
+  )
+  return runtime
+}
+
+const effectsOf = async (consumer: string) => {
+  const rows = await sql<{ message_id: string; n: string }>`
+    SELECT message_id, count(*) AS n FROM effects WHERE consumer = ${consumer} GROUP BY message_id`.execute(
+    t.db,
+  )
+  return new Map(rows.rows.map((r) => [r.message_id, Number(r.n)]))
+}
+
+const inboxRow = async (consumer: string, messageId: string) =>
+  (
+    await sql<{ status: string; attempts: number; last_error: string | null; raw: string | null }>`
+      SELECT status, attempts, last_error, raw FROM txbox.inbox WHERE consumer = ${consumer} AND message_id = ${messageId}`.execute(
+      t.db,
+    )
+  ).rows[0]
+
+const deadRows = async (consumer: string) =>
+  (
+    await sql<{ message_id: string; last_error: string; raw: string | null }>`
+      SELECT message_id, last_error, raw FROM txbox.inbox WHERE consumer = ${consumer} AND status = 'dead'`.execute(
+      t.db,
+    )
+  ).rows
+
+for (const mode of ["idempotent", "store-then-process"] as const satisfies ReadonlyArray<Mode>) {
+  describe(`inbox, ${mode} mode`, () => {
+    test("every message delivered 3 times: each handler effect is applied once", async () => {
+      const exchange = uniqueName(`inbox-dup-${mode}`)
+      const consumer = uniqueName(`dup-${mode}`)
+      const runtime = startInbox(exchange, { consumer, mode })
+      await runtime.runPromise(Effect.void)
+      try {
+        const messages = Array.from({ length: 200 }, (_, i) => note(`n${i}`))
+        await publish(exchange, [...messages, ...messages, ...messages])
+        await eventually("all 200 effects", async () => (await effectsOf(consumer)).size === 200)
+        await Bun.sleep(500) // leave time for any late duplicate to (wrongly) apply
+        const effects = await effectsOf(consumer)
+        expect(effects.size).toBe(200)
+        expect([...effects.values()].every((n) => n === 1)).toBe(true)
+      } finally {
+        await runtime.dispose()
+      }
+    })
+
+    test("a consumer killed between commit and ack: the redelivery is a no-op", async () => {
+      const exchange = uniqueName(`inbox-crash-${mode}`)
+      const consumer = uniqueName(`crash-${mode}`)
+      const env = { DB_URL: t.url, AMQP_URL: amqpUrl(), EXCHANGE: exchange, CONSUMER: consumer, MODE: mode }
+      const first = await startFixture("test/fixtures/consumer.ts", { ...env, CRASH_ON: "boom" })
+      const messages = [note("before"), note("boom"), note("after")]
+      await publish(exchange, messages)
+      expect(await first.exited).toBeNull() // killed by its own SIGKILL after the commit
+      expect(first.process.signalCode).toBe("SIGKILL")
+      const second = await startFixture("test/fixtures/consumer.ts", env)
+      try {
+        await eventually("all three effects", async () => (await effectsOf(consumer)).size === 3)
+        await Bun.sleep(500)
+        const effects = await effectsOf(consumer)
+        expect([...effects.values()]).toEqual([1, 1, 1])
+        expect(effects.get(messages[1]!.id)).toBe(1)
+      } finally {
+        await second.kill("SIGTERM")
+      }
+    })
+
+    test("a handler that fails twice then succeeds: one effect, attempts recorded", async () => {
+      const exchange = uniqueName(`inbox-flaky-${mode}`)
+      const consumer = uniqueName(`flaky-${mode}`)
+      const runtime = startInbox(exchange, { consumer, mode, failUntilAttempt: 2 })
+      await runtime.runPromise(Effect.void)
+      try {
+        const message = note("flaky")
+        await publish(exchange, [message])
+        await eventually("the effect", async () => (await effectsOf(consumer)).size === 1)
+        await Bun.sleep(300)
+        expect((await effectsOf(consumer)).get(message.id)).toBe(1)
+        const row = await inboxRow(consumer, message.id)
+        expect(row?.status).toBe("processed")
+        expect(row?.attempts).toBe(3)
+      } finally {
+        await runtime.dispose()
+      }
+    })
+
+    test("a poison message ends dead after maxAttempts with its error; messages behind it keep flowing", async () => {
+      const exchange = uniqueName(`inbox-poison-${mode}`)
+      const consumer = uniqueName(`poison-${mode}`)
+      const runtime = startInbox(exchange, { consumer, mode, prefetch: 1 })
+      await runtime.runPromise(Effect.void)
+      try {
+        const poison = note("poison-pill")
+        const behind = Array.from({ length: 20 }, (_, i) => note(`behind${i}`))
+        await publish(exchange, [poison, ...behind])
+        await eventually("the messages behind it", async () => (await effectsOf(consumer)).size === 20)
+        await eventually(
+          "the poison message is dead",
+          async () => (await inboxRow(consumer, poison.id))?.status === "dead",
+        )
+        const row = await inboxRow(consumer, poison.id)
+        expect(row?.last_error).toContain("refusing poison-pill on attempt 3")
+        expect(row?.attempts).toBe(3)
+        expect((await effectsOf(consumer)).has(poison.id)).toBe(false)
+      } finally {
+        await runtime.dispose()
+      }
+    })
+
+    test("malformed JSON, a schema-invalid payload, an unknown version and a missing id become dead rows; the consumer keeps running", async () => {
+      const exchange = uniqueName(`inbox-bad-${mode}`)
+      const consumer = uniqueName(`bad-${mode}`)
+      const runtime = startInbox(exchange, { consumer, mode })
+      await runtime.runPromise(Effect.void)
+      const connection = await amqp.connect(amqpUrl())
+      const channel = await connection.createConfirmChannel()
+      try {
+        const send = (body: string, options: amqp.Options.Publish) =>
+          new Promise<void>((resolve, reject) =>
+            channel.publish(exchange, Note.type, Buffer.from(body), options, (err) =>
+              err ? reject(err) : resolve(),
+            ),
+          )
+        const ids = { malformed: uuidv7(), invalid: uuidv7(), version: uuidv7() }
+        await send("{not json", {
+          messageId: ids.malformed,
+          type: Note.type,
+          headers: { "txbox-version": 1 },
+        })
+        await send('{"note":42}', {
+          messageId: ids.invalid,
+          type: Note.type,
+          headers: { "txbox-version": 1 },
+        })
+        await send('{"note":"v9"}', {
+          messageId: ids.version,
+          type: Note.type,
+          headers: { "txbox-version": 9 },
+        })
+        await send('{"note":"anonymous"}', { type: Note.type, headers: { "txbox-version": 1 } })
+        await eventually("four dead rows", async () => (await deadRows(consumer)).length === 4)
+        const dead = new Map((await deadRows(consumer)).map((r) => [r.message_id, r]))
+        expect(dead.get(ids.malformed)?.last_error).toContain("malformed JSON")
+        expect(dead.get(ids.malformed)?.raw).toBe("{not json")
+        expect(dead.get(ids.invalid)?.last_error).toContain("invalid payload")
+        expect(dead.get(ids.version)?.last_error).toContain("version 9")
+        const anonymous = [...dead.values()].find((r) => r.message_id.startsWith("missing-id:"))
+        expect(anonymous?.last_error).toContain("no message id")
+        expect(anonymous?.raw).toBe('{"note":"anonymous"}')
+        // Still consuming.
+        const good = note("still alive")
+        await publish(exchange, [good])
+        await eventually("a good message after the bad ones", async () =>
+          (await effectsOf(consumer)).has(good.id),
+        )
+      } finally {
+        await channel.close()
+        await connection.close()
+        await runtime.dispose()
+      }
+    })
+
+    test("two consumer processes on one queue apply every effect exactly once", async () => {
+      const exchange = uniqueName(`inbox-two-${mode}`)
+      const consumer = uniqueName(`two-${mode}`)
+      const env = { DB_URL: t.url, AMQP_URL: amqpUrl(), EXCHANGE: exchange, CONSUMER: consumer, MODE: mode }
+      const a = await startFixture("test/fixtures/consumer.ts", env)
+      const b = await startFixture("test/fixtures/consumer.ts", env)
+      try {
+        const messages = Array.from({ length: 500 }, (_, i) => note(`m${i}`))
+        await publish(exchange, [...messages, ...messages])
+        await eventually("all 500 effects", async () => (await effectsOf(consumer)).size === 500)
+        await Bun.sleep(500)
+        expect([...(await effectsOf(consumer)).values()].every((n) => n === 1)).toBe(true)
+      } finally {
+        await Promise.all([a.kill("SIGTERM"), b.kill("SIGTERM")])
+      }
+    })
+  })
+}
+
+test("the same message to two different consumers runs each consumer's handler once", async () => {
+  const exchange = uniqueName("inbox-fanout")
+  const billing = uniqueName("billing")
+  const shipping = uniqueName("shipping")
+  const a = startInbox(exchange, { consumer: billing })
+  const b = startInbox(exchange, { consumer: shipping, mode: "store-then-process" })
+  await Promise.all([a.runPromise(Effect.void), b.runPromise(Effect.void)])
+  try {
+    const message = note("fan-out")
+    await publish(exchange, [message, message])
+    await eventually(
+      "both consumers applied it",
+      async () => (await effectsOf(billing)).has(message.id) && (await effectsOf(shipping)).has(message.id),
+    )
+    await Bun.sleep(300)
+    expect((await effectsOf(billing)).get(message.id)).toBe(1)
+    expect((await effectsOf(shipping)).get(message.id)).toBe(1)
+  } finally {
+    await Promise.all([a.dispose(), b.dispose()])
+  }
+})

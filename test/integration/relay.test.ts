@@ -1,0 +1,249 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test"
+import { Effect, Exit, Layer, ManagedRuntime } from "effect"
+import { sql } from "kysely"
+import * as v from "valibot"
+import { defineEvent } from "../../src/Contract.ts"
+import * as Outbox from "../../src/Outbox.ts"
+import * as Relay from "../../src/Relay.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { collect } from "../support/amqp.ts"
+import { amqpUrl, uniqueName } from "../support/db.ts"
+import { startTcpProxy } from "../support/tcpProxy.ts"
+import {
+  eventually,
+  type MigratedDatabase,
+  migratedDatabase,
+  outboxCounts,
+  storeLayer,
+} from "../support/txbox.ts"
+
+const OrderPlaced = defineEvent({
+  type: "orders.order-placed",
+  version: 1,
+  schema: v.object({ orderId: v.pipe(v.string(), v.uuid()), total: v.number() }),
+})
+
+let t: MigratedDatabase
+beforeAll(async () => {
+  t = await migratedDatabase("relay")
+})
+afterAll(async () => {
+  await t.close()
+})
+
+const fast = {
+  pollInterval: "100 millis",
+  retry: { initialDelay: "50 millis", maxDelay: "200 millis", maxAttempts: 3 },
+  outageRetry: { initialDelay: "50 millis", maxDelay: "500 millis" },
+} as const
+
+/** A relay on the shared test database, publishing to `exchange` (through `url` if given). */
+const startRelay = (exchange: string, config: Relay.RelayConfig = {}, url = amqpUrl()) =>
+  ManagedRuntime.make(
+    Relay.layer({ ...fast, ...config }).pipe(
+      Layer.provide(
+        Layer.mergeAll(
+          storeLayer(t.url),
+          Layer.orDie(AmqpTransport.layer({ url, exchange, publishTimeout: "3 seconds" })),
+        ),
+      ),
+    ),
+  )
+
+const enqueueOrders = async (count: number, options: Outbox.EnqueueOptions = {}) => {
+  const ids: string[] = []
+  await t.db.transaction().execute(async (trx) => {
+    const events = Array.from({ length: count }, () => ({
+      contract: OrderPlaced,
+      payload: { orderId: crypto.randomUUID(), total: 10 },
+      options,
+    }))
+    const written = await Effect.runPromise(Outbox.enqueueMany(trx, events))
+    ids.push(...written.map((w) => w.id))
+  })
+  return ids
+}
+
+const rowsOf = async (ids: string[]) =>
+  (
+    await sql<{ id: string; status: string; attempts: number; last_error: string | null; visible_at: Date }>`
+      SELECT id, status, attempts, last_error, visible_at FROM txbox.outbox WHERE id = ANY(${ids}::uuid[])`.execute(
+      t.db,
+    )
+  ).rows
+
+describe("enqueue", () => {
+  test("a rolled-back transaction publishes nothing; a committed one is published as a CloudEvent", async () => {
+    const exchange = uniqueName("relay-basic")
+    const seen = await collect(amqpUrl(), exchange)
+    const rolledBack = crypto.randomUUID()
+    await t.db
+      .transaction()
+      .execute(async (trx) => {
+        await Effect.runPromise(Outbox.enqueue(trx, OrderPlaced, { orderId: rolledBack, total: 1 }))
+        throw new Error("business rule failed")
+      })
+      .catch(() => {})
+    const orderId = crypto.randomUUID()
+    let traceId = ""
+    const written = await t.db.transaction().execute((trx) =>
+      Effect.runPromise(
+        Effect.gen(function* () {
+          traceId = (yield* Effect.currentSpan).traceId
+          return yield* Outbox.enqueue(
+            trx,
+            OrderPlaced,
+            { orderId, total: 42 },
+            { partitionKey: orderId, tenantId: "acme" },
+          )
+        }).pipe(Effect.withSpan("place-order")),
+      ),
+    )
+    const relay = startRelay(exchange)
+    await relay.runPromise(Effect.void)
+    try {
+      await eventually("the committed event arrives", async () => seen.messages.length >= 1)
+      await Bun.sleep(300)
+      expect(seen.messages).toHaveLength(1)
+      const msg = seen.messages[0]!
+      expect(JSON.parse(msg.content.toString())).toEqual({ orderId, total: 42 })
+      expect(msg.properties.messageId).toBe(written.id)
+      expect(msg.properties.type).toBe("orders.order-placed")
+      expect(msg.properties.contentType).toBe("application/json")
+      expect(msg.properties.deliveryMode).toBe(2)
+      const h = msg.properties.headers!
+      expect(h["cloudEvents:specversion"]).toBe("1.0")
+      expect(h["cloudEvents:id"]).toBe(written.id)
+      expect(h["cloudEvents:type"]).toBe("orders.order-placed")
+      expect(typeof h["cloudEvents:source"]).toBe("string")
+      expect(Number.isNaN(Date.parse(String(h["cloudEvents:time"])))).toBe(false)
+      expect(String(h.traceparent)).toMatch(new RegExp(`^00-${traceId}-[0-9a-f]{16}-0[01]$`))
+      expect(h["partition-key"]).toBe(orderId)
+      expect(h["tenant-id"]).toBe("acme")
+      const rows = await sql<{ n: string }>`
+        SELECT count(*) AS n FROM txbox.outbox WHERE payload->>'orderId' = ${rolledBack}`.execute(t.db)
+      expect(Number(rows.rows[0]!.n)).toBe(0)
+      // Stored as a JSON object (queryable), not as a JSON string holding the text.
+      const stored = await sql<{ kind: string; total: number }>`
+        SELECT jsonb_typeof(payload) AS kind, (payload->>'total')::int AS total FROM txbox.outbox WHERE id = ${written.id}::uuid`.execute(
+        t.db,
+      )
+      expect(stored.rows[0]).toEqual({ kind: "object", total: 42 })
+    } finally {
+      await relay.dispose()
+      await seen.close()
+    }
+  })
+
+  test("an invalid payload is a ValidationError and writes nothing", async () => {
+    const before = await outboxCounts(t.db)
+    const exit = await t.db.transaction().execute((trx) =>
+      Effect.runPromiseExit(
+        Outbox.enqueueMany(trx, [
+          { contract: OrderPlaced, payload: { orderId: crypto.randomUUID(), total: 1 } },
+          { contract: OrderPlaced, payload: { orderId: "nope", total: 1 } },
+        ]),
+      ),
+    )
+    expect(Exit.isFailure(exit)).toBe(true)
+    expect(String(Exit.isFailure(exit) && exit.cause)).toContain("ValidationError")
+    expect(await outboxCounts(t.db)).toEqual(before)
+  })
+
+  test("bad options are typed errors and write nothing", async () => {
+    const before = await outboxCounts(t.db)
+    for (const options of [
+      { messageId: "not-a-uuid" },
+      { headers: { "cloudEvents:id": "x" } },
+      { visibleAt: new Date(Number.NaN) },
+    ]) {
+      const exit = await Effect.runPromiseExit(
+        Outbox.enqueue(t.db, OrderPlaced, { orderId: crypto.randomUUID(), total: 1 }, options),
+      )
+      expect(String(Exit.isFailure(exit) && exit.cause)).toContain("ValidationError")
+    }
+    expect(await outboxCounts(t.db)).toEqual(before)
+  })
+})
+
+describe("relay", () => {
+  test("a delayed message is published at or after its due time, not before", async () => {
+    const exchange = uniqueName("relay-delay")
+    const seen = await collect(amqpUrl(), exchange)
+    const relay = startRelay(exchange)
+    await relay.runPromise(Effect.void)
+    try {
+      const committedAt = Date.now()
+      const [id] = await enqueueOrders(1, { delay: "1500 millis" })
+      await Bun.sleep(1000)
+      expect(seen.counts.has(id!)).toBe(false)
+      await eventually("the delayed message arrives", async () => seen.counts.has(id!), 10_000)
+      expect(Date.now() - committedAt).toBeGreaterThanOrEqual(1500)
+      const row = await sql<{ gap: number }>`
+        SELECT extract(epoch FROM published_at - occurred_at) * 1000 AS gap FROM txbox.outbox WHERE id = ${id!}::uuid`.execute(
+        t.db,
+      )
+      expect(Number(row.rows[0]!.gap)).toBeGreaterThanOrEqual(1500)
+    } finally {
+      await relay.dispose()
+      await seen.close()
+    }
+  })
+
+  test("an unroutable message is retried, then dead with a clear last_error; others keep flowing", async () => {
+    const exchange = uniqueName("relay-unroutable")
+    const seen = await collect(amqpUrl(), exchange, "orders.#")
+    const routable = await enqueueOrders(5)
+    const [lost] = await enqueueOrders(1, { routingKey: "nobody.listens" })
+    const more = await enqueueOrders(5)
+    const relay = startRelay(exchange)
+    await relay.runPromise(Effect.void)
+    try {
+      await eventually(
+        "the unroutable message is dead",
+        async () => (await rowsOf([lost!]))[0]?.status === "dead",
+      )
+      const [row] = await rowsOf([lost!])
+      expect(row!.attempts).toBe(3)
+      expect(row!.last_error).toMatch(/unroutable|NO_ROUTE/i)
+      await eventually("the routable messages arrive", async () =>
+        [...routable, ...more].every((id) => seen.counts.has(id)),
+      )
+      expect((await rowsOf([...routable, ...more])).every((r) => r.status === "sent")).toBe(true)
+    } finally {
+      await relay.dispose()
+      await seen.close()
+    }
+  })
+
+  test("with the broker unreachable rows stay pending with growing attempts, then drain when it returns", async () => {
+    const exchange = uniqueName("relay-outage")
+    const seen = await collect(amqpUrl(), exchange)
+    const target = new URL(amqpUrl())
+    const proxy = await startTcpProxy(target.hostname, Number(target.port))
+    proxy.block()
+    const ids = await enqueueOrders(20)
+    const relay = startRelay(exchange, {}, proxy.urlFor(amqpUrl()))
+    await relay.runPromise(Effect.void)
+    try {
+      await eventually("attempts grow while the broker is away", async () =>
+        (await rowsOf(ids)).every((r) => r.attempts >= 2),
+      )
+      const during = await rowsOf(ids)
+      expect(during.every((r) => r.status === "pending")).toBe(true)
+      // Backoff pushed them into the future, and a message's attempts never make it dead during an outage.
+      expect(during.some((r) => r.visible_at.getTime() > Date.now() - 1000)).toBe(true)
+      await Bun.sleep(1500)
+      expect((await rowsOf(ids)).every((r) => r.status === "pending")).toBe(true)
+      proxy.unblock()
+      await eventually("every message arrives after the outage", async () =>
+        ids.every((id) => seen.counts.has(id)),
+      )
+      await eventually("every row is sent", async () => (await rowsOf(ids)).every((r) => r.status === "sent"))
+    } finally {
+      await relay.dispose()
+      await proxy.close()
+      await seen.close()
+    }
+  })
+})
