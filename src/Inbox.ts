@@ -11,13 +11,14 @@
  * Effects outside the database transaction (HTTP calls, e-mails) are not
  * covered: they can repeat when a handler fails after making them.
  */
-import { Cause, Duration, Effect, Layer, type Scope } from "effect"
+import { Cause, Duration, Effect, Layer, Metric, type Scope } from "effect"
 import type { Transaction } from "kysely"
 import { type AnyContract, decode, makeRegistry, type PayloadOf, type Registry } from "./Contract.ts"
 import { makeSignal } from "./core/Signal.ts"
 import { parentFromTraceparent } from "./core/trace.ts"
 import { uuidv7 } from "./core/uuid.ts"
 import { ConfigError, type StoreError, type TransportError } from "./Errors.ts"
+import * as Metrics from "./Metrics.ts"
 import { Database, type DatabaseShape } from "./ports/Database.ts"
 import { type Delivery, type DeliveryDecision, Transport } from "./ports/Transport.ts"
 import { delayFor, makeRetryPolicy, type RetryPolicy, schedule } from "./Retry.ts"
@@ -98,9 +99,20 @@ export interface InboxStats {
   readonly lastActivityAt: Date | undefined
 }
 
+export interface InboxHealth {
+  /** Use as a readiness probe: the broker connection (and so the subscription) is up. */
+  readonly ready: boolean
+  readonly brokerConnected: boolean
+  readonly lastActivityAt: Date | undefined
+}
+
 export interface InboxHandle {
   readonly stats: Effect.Effect<InboxStats>
+  readonly health: Effect.Effect<InboxHealth>
 }
+
+const deadMetric = Metric.withAttributes(Metrics.dead, { side: "inbox" })
+const retriedMetric = Metric.withAttributes(Metrics.retried, { side: "inbox" })
 
 const CONSUMER = /^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$/
 
@@ -192,7 +204,7 @@ export const make = (
           Effect.sync(() => {
             stats.dead++
             touch()
-          }),
+          }).pipe(Effect.andThen(Metric.update(deadMetric, 1))),
         ),
       )
 
@@ -207,6 +219,7 @@ export const make = (
     const runHandler = (decoded: Extract<Decoded, { _tag: "Ok" }>, trx: Transaction<any>) =>
       decoded.handler.handle({ payload: decoded.payload, envelope: decoded.envelope, trx }).pipe(
         Effect.catchCause((cause) => Effect.fail(new HandlerFailed(describe(Cause.squash(cause))))),
+        (handle) => Metrics.timed(Metrics.handlerDuration, handle),
         Effect.withSpan("Inbox.handle", {
           attributes: { "txbox.type": decoded.envelope.type, "txbox.consumer": c.consumer },
           ...withParent(decoded.envelope.headers.traceparent),
@@ -227,7 +240,10 @@ export const make = (
         return Effect.as(recordDead(row), { _tag: "Ack" } as const)
       }
       stats.retried++
-      return Effect.succeed({ _tag: "Retry", delayMs: delayFor(c.retry, attempt) })
+      return Effect.as(Metric.update(retriedMetric, 1), {
+        _tag: "Retry",
+        delayMs: delayFor(c.retry, attempt),
+      } as const)
     }
 
     const idempotent = (delivery: Delivery): Effect.Effect<DeliveryDecision> =>
@@ -247,8 +263,13 @@ export const make = (
           }),
         ).pipe(Effect.result)
         if (outcome._tag === "Success") {
-          if (outcome.success === "duplicate") stats.duplicates++
-          else stats.processed++
+          if (outcome.success === "duplicate") {
+            stats.duplicates++
+            yield* Metric.update(Metrics.duplicates, 1)
+          } else {
+            stats.processed++
+            yield* Metric.update(Metrics.processed, 1)
+          }
           touch()
           if (config.afterCommit) yield* config.afterCommit(delivery)
           return { _tag: "Ack" } as const
@@ -290,7 +311,12 @@ export const make = (
     if (c.mode === "store-then-process") {
       yield* startProcessor(db, c, registry, handlers, stats, runHandlerForRow(runHandler, c.consumer))
     }
-    return { stats: Effect.sync(() => ({ ...stats })) } satisfies InboxHandle
+    const health = Effect.map(transport.isConnected, (brokerConnected) => ({
+      ready: brokerConnected,
+      brokerConnected,
+      lastActivityAt: stats.lastActivityAt,
+    }))
+    return { stats: Effect.sync(() => ({ ...stats })), health } satisfies InboxHandle
   })
 
 /** The inbox as a layer: it consumes as long as the layer lives. */
@@ -420,7 +446,10 @@ const startProcessor = (
           }),
         ).pipe(Effect.result)
         if (result._tag === "Success") {
-          if (result.success) stats.processed++
+          if (result.success) {
+            stats.processed++
+            yield* Metric.update(Metrics.processed, 1)
+          }
           return undefined
         }
         const error = result.failure instanceof HandlerFailed ? result.failure.error : result.failure.message
@@ -452,6 +481,7 @@ const startProcessor = (
       for (const f of failures) {
         if (f.status === "dead") stats.dead++
         else stats.retried++
+        yield* Metric.update(f.status === "dead" ? deadMetric : retriedMetric, 1)
       }
       if (rows.length > 0) stats.lastActivityAt = new Date()
       return rows.length

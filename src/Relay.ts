@@ -7,11 +7,12 @@
  * delivery is at least once: a relay that dies between confirm and mark
  * publishes those messages again, and the consumer's inbox absorbs that.
  */
-import { Duration, Effect, Layer, type Scope } from "effect"
+import { Duration, Effect, Layer, Metric, Schedule, type Scope } from "effect"
 import { decide } from "./core/decide.ts"
 import { makeSignal } from "./core/Signal.ts"
 import { uuidv7 } from "./core/uuid.ts"
 import { ConfigError, StoreError, type TransportError } from "./Errors.ts"
+import * as Metrics from "./Metrics.ts"
 import { Database } from "./ports/Database.ts"
 import { type OutgoingMessage, type PublishOutcome, Transport } from "./ports/Transport.ts"
 import { makeRetryPolicy, type RetryPolicy, schedule } from "./Retry.ts"
@@ -43,8 +44,19 @@ export interface RelayStats {
   readonly lastError: string | undefined
 }
 
+export interface RelayHealth {
+  /** Use as a readiness probe: the broker is connected and the loop completed a cycle recently. */
+  readonly ready: boolean
+  readonly brokerConnected: boolean
+  readonly lastCycleAt: Date | undefined
+  /** Age of the oldest due, unpublished message, measured every few seconds. */
+  readonly lagSeconds: number
+  readonly lastError: string | undefined
+}
+
 export interface RelayHandle {
   readonly stats: Effect.Effect<RelayStats>
+  readonly health: Effect.Effect<RelayHealth>
 }
 
 const resolveConfig = (config: RelayConfig) => {
@@ -166,22 +178,33 @@ export const make = (
     /** One batch, start to end. Uninterruptible: shutdown waits for it rather than leaving rows claimed. */
     const cycle = Effect.gen(function* () {
       const token = uuidv7()
-      const rows = yield* claim(token)
+      const rows = yield* Metrics.timed(Metrics.claimDuration, claim(token))
+      stats.lastCycleAt = new Date()
       if (rows.length === 0) return 0
-      const { outcomes, outage } = yield* publish(rows)
+      yield* Metric.update(Metrics.batchSize, rows.length)
+      const { outcomes, outage } = yield* Metrics.timed(Metrics.publishDuration, publish(rows))
       const marks = rows.map((row, i) => decide(row, outcomes[i]!, c.retry))
-      const updated = yield* markBatch(token, marks)
+      const updated = yield* Metrics.timed(Metrics.markDuration, markBatch(token, marks))
+      let sent = 0
+      let dead = 0
       for (const m of marks) {
-        if (m.status === "sent") stats.published++
-        else if (m.status === "dead") stats.dead++
-        else stats.retried++
+        if (m.status === "sent") sent++
+        else if (m.status === "dead") dead++
       }
+      const retried = marks.length - sent - dead
+      stats.published += sent
+      stats.dead += dead
+      stats.retried += retried
       stats.lostLeases += marks.length - updated
       stats.batches++
-      stats.lastCycleAt = new Date()
+      yield* Metric.update(Metrics.published, sent)
+      if (dead > 0) yield* Metric.update(Metric.withAttributes(Metrics.dead, { side: "outbox" }), dead)
+      if (retried > 0)
+        yield* Metric.update(Metric.withAttributes(Metrics.retried, { side: "outbox" }), retried)
       if (outage) return yield* outage
+      stats.lastError = undefined
       return rows.length
-    })
+    }).pipe(Effect.withSpan("Relay.batch", { root: true }))
 
     const worker = Effect.gen(function* () {
       while (true) {
@@ -201,13 +224,37 @@ export const make = (
 
     for (let i = 0; i < c.workers; i++) {
       yield* Effect.forkScoped(
-        worker.pipe(
-          Effect.catchCause((cause) => Effect.logError("relay worker stopped", cause)),
-          Effect.withSpan("Relay.worker"),
-        ),
+        worker.pipe(Effect.catchCause((cause) => Effect.logError("relay worker stopped", cause))),
       )
     }
-    return { stats: Effect.sync(() => ({ ...stats })) } satisfies RelayHandle
+
+    // Lag: the age of the oldest due message. The partial index makes this an
+    // index-first-entry read, cheap enough to run every few seconds.
+    let lagSeconds = 0
+    const measureLag = Effect.gen(function* () {
+      lagSeconds = yield* tryDb(() => outboxSql.lagSeconds(db))
+      yield* Metric.update(Metrics.outboxLag, lagSeconds)
+    }).pipe(Effect.ignore)
+    yield* Effect.forkScoped(
+      Effect.repeat(measureLag, Schedule.spaced(Math.max(1000, Math.min(c.pollMs * 5, 5000)))),
+    )
+
+    const health = Effect.gen(function* () {
+      const brokerConnected = yield* transport.isConnected
+      const now = Date.now()
+      // Idle relays still claim (and find nothing) every poll interval, so a
+      // healthy relay's last cycle is never older than a few poll intervals.
+      const fresh =
+        stats.lastCycleAt !== undefined && now - stats.lastCycleAt.getTime() < c.pollMs * 3 + c.leaseMs
+      return {
+        ready: brokerConnected && fresh,
+        brokerConnected,
+        lastCycleAt: stats.lastCycleAt,
+        lagSeconds,
+        lastError: stats.lastError,
+      } satisfies RelayHealth
+    })
+    return { stats: Effect.sync(() => ({ ...stats })), health } satisfies RelayHandle
   })
 
 /** The relay as a layer: its workers live as long as the layer. */

@@ -111,3 +111,12 @@ export const release = (db: DatabaseShape, token: string): Promise<number> =>
       WHERE lock_token = ${token}::uuid AND status = 'pending'`.execute(db.db)
     return Number(result.numAffectedRows ?? 0n)
   })
+
+/** Seconds since the oldest due pending row became due (0 when none): the relay's lag. */
+export const lagSeconds = (db: DatabaseShape): Promise<number> =>
+  run("Relay.lag", async () => {
+    const result = await sql<{ lag: number | string | null }>`
+      SELECT extract(epoch FROM now() - min(visible_at)) AS lag FROM ${table(db)}
+      WHERE status = 'pending' AND visible_at <= now()`.execute(db.db)
+    return Math.max(0, Number(result.rows[0]?.lag ?? 0))
+  })

@@ -1,0 +1,143 @@
+// Metrics, tracing across services, and health, on real PostgreSQL and RabbitMQ.
+import { afterAll, beforeAll, expect, test } from "bun:test"
+import { Context, Effect, Layer, ManagedRuntime } from "effect"
+import { sql } from "kysely"
+import * as Inbox from "../../src/Inbox.ts"
+import * as Metrics from "../../src/Metrics.ts"
+import * as Outbox from "../../src/Outbox.ts"
+import * as Relay from "../../src/Relay.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { Note } from "../fixtures/contracts.ts"
+import { amqpUrl, uniqueName } from "../support/db.ts"
+import { startTcpProxy } from "../support/tcpProxy.ts"
+import { eventually, type MigratedDatabase, migratedDatabase, storeLayer } from "../support/txbox.ts"
+
+let t: MigratedDatabase
+beforeAll(async () => {
+  t = await migratedDatabase("observability")
+})
+afterAll(async () => {
+  await t.close()
+})
+
+/** A counter's value from the Prometheus text, summed over its attribute sets matching `filter`. */
+const counter = async (name: string, filter = "") => {
+  const text = await Effect.runPromise(Metrics.prometheusText)
+  return text
+    .split("\n")
+    .filter((line) => line.startsWith(name) && !line.startsWith("#") && line.includes(filter))
+    .reduce((sum, line) => sum + Number(line.split(" ").pop()), 0)
+}
+
+const traceIdsSeen = new Map<string, string>()
+
+const start = (exchange: string, consumer: string, amqp = amqpUrl()) => {
+  const infra = Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqp, exchange })))
+  return ManagedRuntime.make(
+    Layer.effect(
+      HandlesTag,
+      Effect.gen(function* () {
+        const relay = yield* Relay.make({ pollInterval: "100 millis" })
+        const inbox = yield* Inbox.make({
+          consumer,
+          handlers: [
+            Inbox.handler(Note, ({ payload, envelope, trx }) =>
+              Effect.gen(function* () {
+                const span = yield* Effect.currentSpan
+                traceIdsSeen.set(payload.note, span.traceId)
+                yield* Effect.promise(() =>
+                  sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
+                    trx,
+                  ),
+                )
+              }),
+            ),
+          ],
+        })
+        return { relay, inbox }
+      }),
+    ).pipe(Layer.provide(infra), Layer.orDie),
+  )
+}
+
+class HandlesTag extends Context.Service<
+  HandlesTag,
+  { readonly relay: Relay.RelayHandle; readonly inbox: Inbox.InboxHandle }
+>()("test/Handles") {}
+
+const produce = (note: string) =>
+  t.db.transaction().execute((trx) =>
+    Effect.runPromise(
+      Effect.gen(function* () {
+        const span = yield* Effect.currentSpan
+        yield* Outbox.enqueue(trx, Note, { note })
+        return span.traceId
+      }).pipe(Effect.withSpan("checkout")),
+    ),
+  )
+
+test("the consumer's handler span carries the producer's trace id", async () => {
+  const runtime = start(uniqueName("obs-trace"), uniqueName("traced"))
+  await runtime.runPromise(Effect.void)
+  try {
+    const note = `trace-${crypto.randomUUID()}`
+    const producerTraceId = await produce(note)
+    await eventually("the handler ran", async () => traceIdsSeen.has(note))
+    expect(traceIdsSeen.get(note)).toBe(producerTraceId)
+  } finally {
+    await runtime.dispose()
+  }
+})
+
+test("metrics counters move as the pipeline works", async () => {
+  const consumer = uniqueName("metered")
+  const runtime = start(uniqueName("obs-metrics"), consumer)
+  await runtime.runPromise(Effect.void)
+  try {
+    const before = {
+      published: await counter("txbox_published_total"),
+      processed: await counter("txbox_processed_total"),
+      batches: await counter("txbox_relay_batch_size_count"),
+    }
+    for (let i = 0; i < 5; i++) await produce(`m${i}`)
+    await eventually("five effects", async () => {
+      const rows = await sql<{
+        n: string
+      }>`SELECT count(*) AS n FROM effects WHERE consumer = ${consumer}`.execute(t.db)
+      return Number(rows.rows[0]!.n) === 5
+    })
+    expect((await counter("txbox_published_total")) - before.published).toBeGreaterThanOrEqual(5)
+    expect((await counter("txbox_processed_total")) - before.processed).toBeGreaterThanOrEqual(5)
+    expect((await counter("txbox_relay_batch_size_count")) - before.batches).toBeGreaterThanOrEqual(1)
+    const text = await Effect.runPromise(Metrics.prometheusText)
+    expect(text).toContain("# TYPE txbox_published_total counter")
+    expect(text).toContain("# TYPE txbox_outbox_lag_seconds gauge")
+    expect(text).toMatch(/txbox_relay_publish_ms_bucket\{le="\+Inf"\} \d+/)
+  } finally {
+    await runtime.dispose()
+  }
+})
+
+test("health reports ready while the broker is connected, and not ready while it is away", async () => {
+  const target = new URL(amqpUrl())
+  const proxy = await startTcpProxy(target.hostname, Number(target.port))
+  const runtime = start(uniqueName("obs-health"), uniqueName("healthy"), proxy.urlFor(amqpUrl()))
+  try {
+    const handles = await runtime.runPromise(
+      Effect.gen(function* () {
+        return yield* HandlesTag
+      }),
+    )
+    await eventually("relay ready", async () => (await Effect.runPromise(handles.relay.health)).ready)
+    expect((await Effect.runPromise(handles.inbox.health)).ready).toBe(true)
+    proxy.block()
+    await eventually("relay not ready", async () => !(await Effect.runPromise(handles.relay.health)).ready)
+    expect((await Effect.runPromise(handles.relay.health)).brokerConnected).toBe(false)
+    expect((await Effect.runPromise(handles.inbox.health)).ready).toBe(false)
+    proxy.unblock()
+    await eventually("relay ready again", async () => (await Effect.runPromise(handles.relay.health)).ready)
+  } finally {
+    await runtime.dispose()
+    await proxy.close()
+  }
+})
