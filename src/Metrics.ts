@@ -92,8 +92,11 @@ export const prometheusText: Effect.Effect<string> = Effect.map(Metric.snapshot,
     else if (s.type === "Gauge") lines.push(`${s.id}${attrs} ${String(s.state.value)}`)
     else if (s.type === "Histogram") {
       const base = attrs ? attrs.slice(1, -1) + "," : ""
-      for (const [bound, count] of s.state.buckets)
-        lines.push(`${s.id}_bucket{${base}le="${bound}"} ${count}`)
+      for (const [bound, count] of s.state.buckets) {
+        // Effect keeps an Infinity bucket of its own; Prometheus spells it +Inf, written below.
+        if (Number.isFinite(bound)) lines.push(`${s.id}_bucket{${base}le="${bound}"} ${count}`)
+      }
+      lines.push(`${s.id}_bucket{${base}le="${bound}"} ${count}`)
       lines.push(`${s.id}_bucket{${base}le="+Inf"} ${s.state.count}`)
       lines.push(`${s.id}_sum${attrs} ${s.state.sum}`)
       lines.push(`${s.id}_count${attrs} ${s.state.count}`)
