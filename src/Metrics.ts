@@ -96,7 +96,6 @@ export const prometheusText: Effect.Effect<string> = Effect.map(Metric.snapshot,
         // Effect keeps an Infinity bucket of its own; Prometheus spells it +Inf, written below.
         if (Number.isFinite(bound)) lines.push(`${s.id}_bucket{${base}le="${bound}"} ${count}`)
       }
-      lines.push(`${s.id}_bucket{${base}le="${bound}"} ${count}`)
       lines.push(`${s.id}_bucket{${base}le="+Inf"} ${s.state.count}`)
       lines.push(`${s.id}_sum${attrs} ${s.state.sum}`)
       lines.push(`${s.id}_count${attrs} ${s.state.count}`)
