@@ -1,0 +1,135 @@
+/**
+ * `txbox/promise`: the same outbox, relay and inbox for code that does not use
+ * Effect. Everything here is a thin shell over the Effect services: one
+ * runtime per `createTxbox`, started and stopped with Promises.
+ *
+ * ```ts
+ * const txbox = createTxbox({
+ *   database: PostgresStore.layer({ url }),   // from "txbox/postgres" (or PgliteStore from "txbox/pglite")
+ *   transport: AmqpTransport.layer({ url }),  // from "txbox/amqp" (or MemoryTransport from "txbox/memory")
+ * })
+ * await db.transaction().execute((trx) => txbox.enqueue(trx, OrderPlaced, { ... }))
+ * const relay = txbox.relay(); await relay.start()
+ * const inbox = txbox.inbox({ consumer: "billing", handlers: [on(OrderPlaced, async ({ payload, trx }) => ...)] })
+ * await inbox.start()
+ * ...
+ * await txbox.close() // stops what is running, closes pools and connections
+ * ```
+ */
+import { Cause, Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
+import type { Transaction } from "kysely"
+import type { AnyContract, InputOf, PayloadOf } from "../Contract.ts"
+import * as Inbox from "../Inbox.ts"
+import * as Outbox from "../Outbox.ts"
+import type { Database } from "../ports/Database.ts"
+import type { Transport } from "../ports/Transport.ts"
+import * as Relay from "../Relay.ts"
+
+export interface TxboxOptions {
+  /** A store layer: `PostgresStore.layer({ url })` or `PgliteStore.layer()`. */
+  readonly database: Layer.Layer<Database, unknown>
+  /** A transport layer: `AmqpTransport.layer({ url })` or `MemoryTransport.layer()`. */
+  readonly transport: Layer.Layer<Transport, unknown>
+  /** Schema of txbox's tables. @default "txbox" */
+  readonly schema?: string
+}
+
+/** A running part (relay or inbox): `start()` resolves once it is up, `stop()` once it has drained. */
+export interface Service<S, H> {
+  readonly start: () => Promise<void>
+  readonly stop: () => Promise<void>
+  readonly stats: () => Promise<S>
+  readonly health: () => Promise<H>
+}
+
+export interface PromiseHandlerContext<A> {
+  readonly payload: A
+  readonly envelope: Inbox.Envelope
+  // biome-ignore lint/suspicious/noExplicitAny: the service's own database type
+  readonly trx: Transaction<any>
+}
+
+/** Registers an async handler for a contract (the Promise twin of `Inbox.handler`). */
+export const on = <C extends AnyContract>(
+  contract: C,
+  handle: (context: PromiseHandlerContext<PayloadOf<C>>) => Promise<void>,
+  options: {
+    readonly dedupeKey?: (payload: PayloadOf<C>, envelope: Omit<Inbox.Envelope, "dedupeKey">) => string
+  } = {},
+): Inbox.Handler =>
+  Inbox.handler(
+    contract,
+    (context) => Effect.tryPromise({ try: () => handle(context), catch: (e) => e }),
+    options,
+  )
+
+/** Turns a failed Effect into a rejected Promise carrying the typed error itself (not a FiberFailure). */
+const run = <A, E>(
+  runtime: ManagedRuntime.ManagedRuntime<never, never> | undefined,
+  effect: Effect.Effect<A, E>,
+) =>
+  (runtime ? runtime.runPromiseExit(effect) : Effect.runPromiseExit(effect)).then((exit) => {
+    if (Exit.isSuccess(exit)) return exit.value
+    throw Cause.squash(exit.cause)
+  })
+
+export const createTxbox = (options: TxboxOptions) => {
+  const runtime = ManagedRuntime.make(Layer.mergeAll(options.database, options.transport).pipe(Layer.orDie))
+  const running = new Set<() => Promise<void>>()
+  const schemaConfig = options.schema === undefined ? {} : { schema: options.schema }
+
+  const service = <H extends { stats: Effect.Effect<unknown>; health: Effect.Effect<unknown> }>(
+    make: Effect.Effect<H, unknown, Database | Transport | Scope.Scope>,
+  ): Service<Effect.Success<H["stats"]>, Effect.Success<H["health"]>> => {
+    let state: { scope: Scope.Closeable; handle: H } | undefined
+    const stop = async () => {
+      if (!state) return
+      const { scope } = state
+      state = undefined
+      running.delete(stop)
+      await Effect.runPromise(Scope.close(scope, Exit.void))
+    }
+    const current = () => {
+      if (!state) throw new Error("not started: call start() first")
+      return state.handle
+    }
+    return {
+      start: async () => {
+        if (state) return
+        const scope = Effect.runSync(Scope.make())
+        const handle = await runtime.runPromise(Scope.provide(make, scope)).catch(async (error) => {
+          await Effect.runPromise(Scope.close(scope, Exit.void))
+          throw error
+        })
+        state = { scope, handle }
+        running.add(stop)
+      },
+      stop,
+      stats: async () => Effect.runPromise(current().stats) as Promise<Effect.Success<H["stats"]>>,
+      health: async () => Effect.runPromise(current().health) as Promise<Effect.Success<H["health"]>>,
+    }
+  }
+
+  return {
+    /** Writes one event in the caller's Kysely transaction. Rejects with `ValidationError` and writes nothing if invalid. */
+    enqueue: <C extends AnyContract>(
+      trx: Outbox.Executor,
+      contract: C,
+      payload: InputOf<C>,
+      enqueueOptions: Outbox.EnqueueOptions = {},
+    ): Promise<Outbox.EnqueuedMessage> =>
+      run(undefined, Outbox.enqueue(trx, contract, payload, { ...enqueueOptions, ...schemaConfig })),
+    /** Writes many events with one INSERT in the caller's transaction. */
+    enqueueMany: (trx: Outbox.Executor, events: ReadonlyArray<Outbox.EventInput>) =>
+      run(undefined, Outbox.enqueueMany(trx, events, schemaConfig)),
+    relay: (config: Relay.RelayConfig = {}) => service(Relay.make(config)),
+    inbox: (config: Inbox.InboxConfig) => service(Inbox.make(config)),
+    /** Stops every started relay and inbox (gracefully), then closes pools and connections. */
+    close: async () => {
+      await Promise.all([...running].map((stop) => stop()))
+      await runtime.dispose()
+    },
+  }
+}
+
+export type Txbox = ReturnType<typeof createTxbox>
