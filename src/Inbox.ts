@@ -297,19 +297,29 @@ export const make = (
         return { _tag: "Ack" } as const
       }).pipe(Effect.catch((error: StoreError) => outageDecision(delivery, error)))
 
-    yield* transport
-      .subscribe(
-        { consumer: c.consumer, types: registry.types, prefetch: c.prefetch },
-        c.mode === "idempotent" ? idempotent : store,
-      )
-      .pipe(
-        Effect.mapError(
-          (e: TransportError) => new ConfigError({ reason: `inbox ${c.consumer}: ${e.message}` }),
+    // Subscribe now, so a caller that publishes right after `make` finds the
+    // queue. If the broker is away, keep trying in the background instead of
+    // failing the service: health reports not-ready meanwhile.
+    const subscribe = transport.subscribe(
+      { consumer: c.consumer, types: registry.types, prefetch: c.prefetch },
+      c.mode === "idempotent" ? idempotent : store,
+    )
+    const first = yield* Effect.result(subscribe)
+    if (first._tag === "Failure") {
+      if (!first.failure.retryable) {
+        return yield* new ConfigError({ reason: `inbox ${c.consumer}: ${first.failure.message}` })
+      }
+      yield* Effect.logWarning(`inbox ${c.consumer}: ${first.failure.message}; subscribing in the background`)
+      yield* Effect.forkScoped(
+        subscribe.pipe(
+          Effect.retry({ schedule: schedule(c.outage), while: (e: TransportError) => e.retryable }),
+          Effect.catch((e) => Effect.logError(`inbox ${c.consumer}: cannot subscribe: ${e.message}`)),
         ),
       )
+    }
 
     if (c.mode === "store-then-process") {
-      yield* startProcessor(db, c, registry, handlers, stats, runHandlerForRow(runHandler, c.consumer))
+      yield* startProcessor(db, c, registry, handlers, stats, runHandler)
     }
     const health = Effect.map(transport.isConnected, (brokerConnected) => ({
       ready: brokerConnected,
@@ -389,8 +399,6 @@ type RowRunner = (
   // biome-ignore lint/suspicious/noExplicitAny: the caller's database
   trx: Transaction<any>,
 ) => Effect.Effect<void, HandlerFailed>
-
-const runHandlerForRow = (run: RowRunner, _consumer: string): RowRunner => run
 
 /** Store-then-process: claims pending rows and runs their handlers, each in its own transaction. */
 const startProcessor = (

@@ -283,3 +283,47 @@ test("the same message to two different consumers runs each consumer's handler o
     await Promise.all([a.dispose(), b.dispose()])
   }
 })
+
+test("an inbox started while the broker is away subscribes by itself once it returns", async () => {
+  const { startTcpProxy } = await import("../support/tcpProxy.ts")
+  const target = new URL(amqpUrl())
+  const proxy = await startTcpProxy(target.hostname, Number(target.port))
+  proxy.block()
+  const exchange = uniqueName("inbox-late")
+  const consumer = uniqueName("late")
+  const runtime = ManagedRuntime.make(
+    Inbox.layer({ consumer, handlers: [recordingHandler(consumer)] }).pipe(
+      Layer.provide(
+        Layer.mergeAll(
+          storeLayer(t.url),
+          Layer.orDie(
+            AmqpTransport.layer({ url: proxy.urlFor(amqpUrl()), exchange, connectTimeout: "1 second" }),
+          ),
+        ),
+      ),
+    ),
+  )
+  try {
+    await runtime.runPromise(Effect.void) // starts although the broker is unreachable
+    proxy.unblock()
+    const message = note("late")
+    // Until the background subscription declares the queue, a publish comes back unroutable.
+    await eventually("the queue exists", async () => {
+      const transport = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
+      try {
+        const [outcome] = await transport.runPromise(
+          Effect.gen(function* () {
+            return yield* (yield* Transport).publish([message])
+          }),
+        )
+        return outcome?._tag === "Confirmed"
+      } finally {
+        await transport.dispose()
+      }
+    })
+    await eventually("the effect", async () => (await effectsOf(consumer)).has(message.id))
+  } finally {
+    await runtime.dispose()
+    await proxy.close()
+  }
+})
