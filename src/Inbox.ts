@@ -119,7 +119,10 @@ const CONSUMER = /^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$/
 /** A handler's own failure (as opposed to the inbox failing to reach its database). */
 class HandlerFailed {
   readonly _tag = "HandlerFailed"
-  constructor(readonly error: string) {}
+  readonly error: string
+  constructor(error: string) {
+    this.error = error
+  }
 }
 
 const describe = (error: unknown): string => {
