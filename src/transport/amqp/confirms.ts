@@ -31,11 +31,17 @@ class Batch {
   /** Index of the next message to send. */
   next = 0
   abandoned = false
+  readonly exchange: string
+  readonly items: ReadonlyArray<EncodeResult>
+  readonly onDone: (outcomes: ReadonlyArray<PublishOutcome>) => void
   constructor(
-    readonly exchange: string,
-    readonly items: ReadonlyArray<EncodeResult>,
-    readonly onDone: (outcomes: ReadonlyArray<PublishOutcome>) => void,
+    exchange: string,
+    items: ReadonlyArray<EncodeResult>,
+    onDone: (outcomes: ReadonlyArray<PublishOutcome>) => void,
   ) {
+    this.exchange = exchange
+    this.items = items
+    this.onDone = onDone
     this.outcomes = new Array<PublishOutcome | undefined>(items.length)
     this.remaining = items.length
   }
@@ -47,13 +53,18 @@ class Entry {
   returned: string | undefined = undefined
   /** Other in-flight messages with the same id (rare: only if a caller reuses ids). */
   sameId: Entry | undefined = undefined
-  constructor(
-    readonly batch: Batch,
-    readonly index: number,
-    readonly messageId: string,
-    readonly size: number,
-    readonly sentAt: number,
-  ) {}
+  readonly batch: Batch
+  readonly index: number
+  readonly messageId: string
+  readonly size: number
+  readonly sentAt: number
+  constructor(batch: Batch, index: number, messageId: string, size: number, sentAt: number) {
+    this.batch = batch
+    this.index = index
+    this.messageId = messageId
+    this.size = size
+    this.sentAt = sentAt
+  }
 }
 
 /** An opaque handle on a batch handed to `publish`, for `abandon`. */
@@ -79,10 +90,12 @@ export class ConfirmPublisher {
   private lastProgress = Date.now()
   private sweeper: ReturnType<typeof setInterval> | undefined = undefined
 
-  constructor(
-    readonly channel: ConfirmChannel,
-    private readonly options: ConfirmPublisherOptions,
-  ) {
+  readonly channel: ConfirmChannel
+  private readonly options: ConfirmPublisherOptions
+
+  constructor(channel: ConfirmChannel, options: ConfirmPublisherOptions) {
+    this.channel = channel
+    this.options = options
     channel.on("ack", this.onAck)
     channel.on("nack", this.onNack)
     channel.on("return", this.onReturn)
