@@ -27,12 +27,18 @@ CREATE INDEX inbox_due ON inbox (consumer, visible_at) WHERE status = 'pending';
 CREATE INDEX inbox_dead ON inbox (received_at) WHERE status = 'dead';
 CREATE INDEX inbox_processed ON inbox (processed_at) WHERE status = 'processed';
 
+-- Wake the store-then-process processor when pending rows arrive. Rows an
+-- idempotent consumer writes are already processed (or dead): they send no
+-- NOTIFY, which matters because NOTIFY serialises commits on a global lock.
 CREATE FUNCTION inbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM pg_notify(TG_TABLE_SCHEMA || '.inbox', '');
+  IF EXISTS (SELECT 1 FROM new_rows WHERE status = 'pending') THEN
+    PERFORM pg_notify(TG_TABLE_SCHEMA || '.inbox', '');
+  END IF;
   RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER inbox_notify AFTER INSERT ON inbox
+  REFERENCING NEW TABLE AS new_rows
   FOR EACH STATEMENT EXECUTE FUNCTION inbox_notify();

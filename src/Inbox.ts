@@ -321,9 +321,10 @@ export const make = (
       )
     }
 
-    if (c.mode === "store-then-process") {
-      yield* startProcessor(db, c, registry, handlers, stats, runHandler)
-    }
+    // The processor runs in both modes: in store-then-process it does all the
+    // work; in idempotent mode it only picks up rows an operator redrove
+    // (`txbox dead redrive`), so it polls without LISTEN.
+    yield* startProcessor(db, c, registry, handlers, stats, runHandler)
     const health = Effect.map(transport.isConnected, (brokerConnected) => ({
       ready: brokerConnected,
       brokerConnected,
@@ -414,13 +415,15 @@ const startProcessor = (
 ) =>
   Effect.gen(function* () {
     const wake = makeSignal()
-    yield* db
-      .listen(`${db.schema}.inbox`, wake.notify)
-      .pipe(
-        Effect.catch((e) =>
-          Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),
-        ),
-      )
+    if (c.mode === "store-then-process") {
+      yield* db
+        .listen(`${db.schema}.inbox`, wake.notify)
+        .pipe(
+          Effect.catch((e) =>
+            Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),
+          ),
+        )
+    }
 
     const processRow = (row: inboxSql.InboxRow, token: string) =>
       Effect.gen(function* () {

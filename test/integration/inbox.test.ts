@@ -327,3 +327,56 @@ test("an inbox started while the broker is away subscribes by itself once it ret
     await proxy.close()
   }
 })
+
+for (const mode of ["idempotent", "store-then-process"] as const) {
+  test(`${mode}: a dead message redriven after the handler is fixed is applied once`, async () => {
+    const exchange = uniqueName(`inbox-redrive-${mode}`)
+    const consumer = uniqueName(`redrive-${mode}`)
+    let broken = true
+    const runtime = ManagedRuntime.make(
+      Inbox.layer({
+        consumer,
+        mode,
+        pollInterval: "100 millis",
+        retry: { initialDelay: "50 millis", maxDelay: "100 millis", maxAttempts: 2 },
+        handlers: [
+          Inbox.handler(Note, ({ payload, envelope, trx }) =>
+            broken
+              ? Effect.fail(new Error("bug in handler"))
+              : Effect.promise(() =>
+                  sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
+                    trx,
+                  ),
+                ),
+          ),
+        ],
+      }).pipe(
+        Layer.provide(
+          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+        ),
+      ),
+    )
+    await runtime.runPromise(Effect.void)
+    try {
+      const message = note("redrive me")
+      await publish(exchange, [message])
+      await eventually(
+        "the message is dead",
+        async () => (await inboxRow(consumer, message.id))?.status === "dead",
+      )
+      broken = false
+      // What `txbox dead redrive` does.
+      await sql`
+        UPDATE txbox.inbox SET status = 'pending', attempts = 0, visible_at = now(), lock_token = NULL
+        WHERE consumer = ${consumer} AND message_id = ${message.id}`.execute(t.db)
+      await eventually(
+        "the redriven message is processed",
+        async () => (await inboxRow(consumer, message.id))?.status === "processed",
+      )
+      await Bun.sleep(300)
+      expect((await effectsOf(consumer)).get(message.id)).toBe(1)
+    } finally {
+      await runtime.dispose()
+    }
+  })
+}

@@ -1,0 +1,114 @@
+/**
+ * `txbox purge --older-than 7d`: retention for rows whose work is done — sent
+ * outbox rows and processed inbox rows. Pending and dead rows are never
+ * touched: they are work still to do, or evidence an operator must look at.
+ */
+import { Effect, Option } from "effect"
+import { Command, Flag } from "effect/cli"
+import type { StoreError } from "../Errors.ts"
+import * as opsSql from "../storage/opsSql.ts"
+import { UsageError } from "./errors.ts"
+import { connectionFlags, jsonFlag, parsing, withDatabase } from "./options.ts"
+import { print, printJson } from "./output.ts"
+import { parseDuration, parsePositive } from "./parse.ts"
+
+interface Plan {
+  readonly olderThan: number
+  readonly outbox: boolean
+  readonly inbox: boolean
+  readonly batch: number
+}
+
+const plan = (input: {
+  readonly olderThan: string
+  readonly dedupeWindow: string
+  readonly only: Option.Option<"outbox" | "inbox">
+  readonly batch: number
+}): Plan => {
+  const olderThan = parseDuration("older-than", input.olderThan)
+  const window = parseDuration("dedupe-window", input.dedupeWindow)
+  const only = Option.getOrUndefined(input.only)
+  const batch = parsePositive("batch", input.batch)
+  const inbox = only !== "outbox"
+  // An inbox row is the only memory that a message was handled. Delete it
+  // while the broker may still redeliver that message and the handler runs a
+  // second time: the exactly-once effect the inbox exists for is gone.
+  if (inbox && olderThan < window) {
+    throw new UsageError({
+      reason:
+        `refusing to purge inbox rows younger than the dedupe window: --older-than ${input.olderThan} is less than ` +
+        `--dedupe-window ${input.dedupeWindow} (inbox keys must outlive any broker redelivery; ` +
+        "use --only outbox to purge the outbox alone)",
+    })
+  }
+  return { olderThan, outbox: only !== "inbox", inbox, batch }
+}
+
+/** Deletes in batches until a batch finds nothing: each statement holds its row locks for one batch only. */
+const drain = (step: () => Effect.Effect<number, StoreError>) =>
+  Effect.gen(function* () {
+    let total = 0
+    while (true) {
+      const n = yield* step()
+      if (n === 0) return total
+      total += n
+    }
+  })
+
+export const command = Command.make(
+  "purge",
+  {
+    connection: connectionFlags,
+    olderThan: Flag.String("older-than").pipe(
+      Flag.withDescription("delete sent / processed rows older than this: 12h, 7d, 4w"),
+    ),
+    dedupeWindow: Flag.String("dedupe-window").pipe(
+      Flag.withDescription(
+        "how long the broker may redeliver a message; inbox rows younger than this are never purged (default: 7d)",
+      ),
+      Flag.withDefault("7d"),
+    ),
+    only: Flag.Literals("only", ["outbox", "inbox"]).pipe(
+      Flag.withDescription("purge one table only (default: both)"),
+      Flag.optional,
+    ),
+    batch: Flag.Int("batch").pipe(
+      Flag.withDescription("rows per DELETE, so no statement holds locks for long (default: 5000)"),
+      Flag.withDefault(5000),
+    ),
+    json: jsonFlag,
+  },
+  ({ connection, olderThan, dedupeWindow, only, batch, json }) =>
+    Effect.gen(function* () {
+      const p = yield* parsing(() => plan({ olderThan, dedupeWindow, only, batch }))
+      yield* withDatabase(connection, { requireTables: true }, (db) =>
+        Effect.gen(function* () {
+          const before = yield* opsSql.cutoff(db, p.olderThan)
+          const outbox = p.outbox ? yield* drain(() => opsSql.purgeSent(db, before, p.batch)) : null
+          const inbox = p.inbox ? yield* drain(() => opsSql.purgeProcessed(db, before, p.batch)) : null
+          if (json) {
+            return yield* printJson({
+              cutoff: before,
+              outbox_sent_deleted: outbox,
+              inbox_processed_deleted: inbox,
+            })
+          }
+          if (outbox !== null) {
+            yield* print(
+              `outbox: deleted ${outbox} sent row${outbox === 1 ? "" : "s"} published before ${before.toISOString()}`,
+            )
+          }
+          if (inbox !== null) {
+            yield* print(
+              `inbox: deleted ${inbox} processed row${inbox === 1 ? "" : "s"} processed before ${before.toISOString()}`,
+            )
+          }
+        }),
+      )
+    }),
+).pipe(
+  Command.withDescription(
+    "Delete sent outbox rows and processed inbox rows older than --older-than, in batches; pending and dead rows are never touched",
+  ),
+  Command.withShortDescription("Delete old sent and processed rows"),
+)
