@@ -24,12 +24,16 @@ export const classifyDbError = (operation: string, cause: unknown): StoreError =
   const message = cause instanceof Error ? cause.message : String(cause)
   let reason: StoreError["reason"] = "query"
   if (typeof code === "string") {
-    // 08: connection exception; 57P0x: admin/crash shutdown; 53: insufficient resources.
+    // 08: connection exception; 57P0x: admin/crash shutdown; 53: insufficient resources;
+    // 28: authentication (a rotated password comes back; keep trying, loudly).
+    // 3D000: the database does not exist (yet).
     if (
       CONNECTION_CODES.has(code) ||
       code.startsWith("08") ||
       code.startsWith("57P") ||
-      code.startsWith("53")
+      code.startsWith("53") ||
+      code.startsWith("28") ||
+      code === "3D000"
     ) {
       reason = "connection"
     } else if (code === "40001" || code === "40P01") reason = "serialization"

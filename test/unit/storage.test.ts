@@ -3,6 +3,7 @@ import { readFileSync } from "node:fs"
 import { join } from "node:path"
 import { renderMigrationsModule } from "../../scripts/embed-migrations.ts"
 import { isUuid, uuidv7 } from "../../src/core/uuid.ts"
+import { classifyDbError } from "../../src/storage/dbErrors.ts"
 import { validateSchemaName } from "../../src/storage/identifier.ts"
 import { splitStatements } from "../../src/storage/sqlSplit.ts"
 
@@ -40,5 +41,24 @@ describe("uuidv7", () => {
     expect(ids.every((id) => id[14] === "7")).toBe(true)
     expect([...ids].sort()).toEqual(ids)
     expect(new Set(ids).size).toBe(ids.length)
+  })
+})
+
+describe("database error classification", () => {
+  const { classifyDbError } =
+    require("../../src/storage/dbErrors.ts") as typeof import("../../src/storage/dbErrors.ts")
+  test.each([
+    ["57P01", "connection"],
+    ["08006", "connection"],
+    ["28P01", "connection"],
+    ["3D000", "connection"],
+    ["ECONNREFUSED", "connection"],
+    ["40001", "serialization"],
+    ["23505", "constraint"],
+    ["42P01", "query"],
+  ])("SQLSTATE/code %s is %s", (code, reason) => {
+    const error = classifyDbError("op", Object.assign(new Error("x"), { code }))
+    expect(error.reason).toBe(reason as never)
+    expect(error.retryable).toBe(reason === "connection" || reason === "serialization")
   })
 })
