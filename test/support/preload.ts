@@ -22,9 +22,10 @@ if (holder[KEY] === undefined) {
       ` (${Math.round(performance.now() - started)} ms)`,
   )
 
+  // Stopping RabbitMQ takes ~4 s: more than bun's default hook timeout when run without --timeout.
   afterAll(async () => {
     await services.stop()
-  })
+  }, 60_000)
   // A Ctrl-C or a CI timeout must not leave servers behind; bun test fires no "exit" event, and the
   // launchers' watchdogs cover a SIGKILL.
   for (const sig of ["SIGINT", "SIGTERM"] as const) {

@@ -45,8 +45,6 @@ describe("uuidv7", () => {
 })
 
 describe("database error classification", () => {
-  const { classifyDbError } =
-    require("../../src/storage/dbErrors.ts") as typeof import("../../src/storage/dbErrors.ts")
   test.each([
     ["57P01", "connection"],
     ["08006", "connection"],
