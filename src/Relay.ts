@@ -94,7 +94,7 @@ const toMessage = (row: outboxSql.ClaimedRow): OutgoingMessage => ({
   tenantId: row.tenant_id,
 })
 
-const tryDb = <A>(f: () => Promise<A>): Effect.Effect<A, StoreError> =>
+const tryDb = <A>(f: (signal: AbortSignal) => Promise<A>): Effect.Effect<A, StoreError> =>
   Effect.tryPromise({
     try: f,
     catch: (e) =>
@@ -139,7 +139,15 @@ export const make = (
       const rows = yield* bounded(
         "Relay.claim",
         statementTimeout,
-        tryDb(() => outboxSql.claim(db, c.batchSize, token, c.leaseMs)),
+        tryDb((signal) => {
+          const claimed = outboxSql.claim(db, c.batchSize, token, c.leaseMs)
+          // Given up on (timed out), the statement may still run later: hand
+          // whatever it claims straight back rather than leave it to the lease.
+          signal.addEventListener("abort", () => {
+            claimed.then((rows) => (rows.length > 0 ? outboxSql.release(db, token) : 0)).catch(() => 0)
+          })
+          return claimed
+        }),
       )
       yield* Effect.annotateCurrentSpan("txbox.claimed", rows.length)
       return rows
