@@ -16,6 +16,7 @@ import * as Metrics from "./Metrics.ts"
 import { Database } from "./ports/Database.ts"
 import { type OutgoingMessage, type PublishOutcome, Transport } from "./ports/Transport.ts"
 import { makeRetryPolicy, type RetryPolicy, schedule } from "./Retry.ts"
+import * as opsSql from "./storage/opsSql.ts"
 import * as outboxSql from "./storage/outboxSql.ts"
 
 export interface RelayConfig {
@@ -31,6 +32,19 @@ export interface RelayConfig {
   readonly retry?: Partial<RetryPolicy>
   /** Backoff of the whole loop while the database or broker is unreachable. @default 100 ms doubling to 10 s, jittered */
   readonly outageRetry?: Partial<RetryPolicy>
+  /**
+   * In-process retention: every `every`, delete sent rows published more than
+   * `olderThan` ago, `batchSize` rows per statement. Safe with several relays
+   * (each batch locks with SKIP LOCKED). Pending and dead rows are never deleted.
+   * @default off
+   */
+  readonly retention?: {
+    readonly olderThan: Duration.Input
+    /** @default "1 hour" */
+    readonly every?: Duration.Input
+    /** @default 5000 */
+    readonly batchSize?: number
+  }
 }
 
 export interface RelayStats {
@@ -72,7 +86,16 @@ const resolveConfig = (config: RelayConfig) => {
   const pollMs = Duration.toMillis(Duration.fromInputUnsafe(config.pollInterval ?? "1 second"))
   if (!(leaseMs >= 1000)) throw new ConfigError({ reason: "relay lease must be at least 1 second" })
   if (!(pollMs >= 1)) throw new ConfigError({ reason: "relay pollInterval must be positive" })
+  const retention = config.retention && {
+    olderThanSeconds: Duration.toSeconds(Duration.fromInputUnsafe(config.retention.olderThan)),
+    everyMs: Duration.toMillis(Duration.fromInputUnsafe(config.retention.every ?? "1 hour")),
+    batchSize: config.retention.batchSize ?? 5000,
+  }
+  if (retention && !(retention.olderThanSeconds > 0 && retention.everyMs > 0 && retention.batchSize >= 1)) {
+    throw new ConfigError({ reason: "relay retention needs a positive olderThan, every and batchSize" })
+  }
   return {
+    retention,
     batchSize,
     workers,
     leaseMs,
@@ -246,6 +269,24 @@ export const make = (
     yield* Effect.forkScoped(
       Effect.repeat(measureLag, Schedule.spaced(Math.max(1000, Math.min(c.pollMs * 5, 5000)))),
     )
+
+    if (c.retention) {
+      const { olderThanSeconds, everyMs, batchSize } = c.retention
+      const purge = Effect.gen(function* () {
+        const before = yield* opsSql.cutoff(db, olderThanSeconds)
+        let deleted = 0
+        while (true) {
+          const n = yield* opsSql.purgeSent(db, before, batchSize)
+          deleted += n
+          if (n < batchSize) break
+        }
+        if (deleted > 0) yield* Effect.logInfo(`relay retention: deleted ${deleted} sent outbox rows`)
+      }).pipe(
+        Effect.catch((e: StoreError) => Effect.logWarning(`relay retention: ${e.message}`)),
+        Effect.withSpan("Relay.retention", { root: true }),
+      )
+      yield* Effect.forkScoped(Effect.repeat(purge, Schedule.spaced(everyMs)))
+    }
 
     const health = Effect.gen(function* () {
       const brokerConnected = yield* transport.isConnected

@@ -247,3 +247,33 @@ describe("relay", () => {
     }
   })
 })
+
+test("in-process retention deletes old sent rows only, and never pending or dead ones", async () => {
+  const insert = (status: string, publishedDaysAgo: number | null) =>
+    sql<{ id: string }>`
+      INSERT INTO txbox.outbox (id, type, version, payload, status, published_at, visible_at)
+      VALUES (gen_random_uuid(), 'retention.test', 1, '{}'::jsonb, ${status},
+              CASE WHEN ${publishedDaysAgo}::int IS NULL THEN NULL ELSE now() - ${publishedDaysAgo}::int * interval '1 day' END,
+              now() + interval '1 day')
+      RETURNING id`
+      .execute(t.db)
+      .then((r) => r.rows[0]!.id)
+  const oldSent = await Promise.all([insert("sent", 10), insert("sent", 9)])
+  const recentSent = await insert("sent", 1)
+  const pending = await insert("pending", null)
+  const dead = await insert("dead", null)
+  const relay = startRelay(uniqueName("relay-retention"), {
+    retention: { olderThan: "7 days", every: "200 millis", batchSize: 1 },
+  })
+  await relay.runPromise(Effect.void)
+  try {
+    await eventually("the old sent rows are gone", async () => (await rowsOf(oldSent)).length === 0)
+    expect((await rowsOf([recentSent, pending, dead])).map((r) => r.status).sort()).toEqual([
+      "dead",
+      "pending",
+      "sent",
+    ])
+  } finally {
+    await relay.dispose()
+  }
+})
