@@ -5,8 +5,12 @@
  */
 import { Data } from "effect"
 
+// Each base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
+type TaggedErrorClass<Tag extends string> = ReturnType<typeof Data.TaggedError<Tag>>
+
 /** A payload did not match its contract's schema (on enqueue or on consume). */
-export class ValidationError extends Data.TaggedError("ValidationError")<{
+const ValidationErrorBase: TaggedErrorClass<"ValidationError"> = Data.TaggedError("ValidationError")
+export class ValidationError extends ValidationErrorBase<{
   readonly type: string
   readonly version: number
   readonly issues: ReadonlyArray<{ readonly message: string; readonly path?: string }>
@@ -22,7 +26,8 @@ export class ValidationError extends Data.TaggedError("ValidationError")<{
 }
 
 /** A message arrived whose (type, version) no contract in the registry handles. */
-export class UnknownEventError extends Data.TaggedError("UnknownEventError")<{
+const UnknownEventErrorBase: TaggedErrorClass<"UnknownEventError"> = Data.TaggedError("UnknownEventError")
+export class UnknownEventError extends UnknownEventErrorBase<{
   readonly type: string
   readonly version: number | undefined
   readonly reason: "unknown-type" | "unknown-version"
@@ -36,7 +41,8 @@ export class UnknownEventError extends Data.TaggedError("UnknownEventError")<{
 }
 
 /** A programming error in configuration: bad schema name, duplicate contract, bad option. */
-export class ConfigError extends Data.TaggedError("ConfigError")<{
+const ConfigErrorBase: TaggedErrorClass<"ConfigError"> = Data.TaggedError("ConfigError")
+export class ConfigError extends ConfigErrorBase<{
   readonly reason: string
 }> {
   readonly retryable = false
@@ -49,7 +55,8 @@ export class ConfigError extends Data.TaggedError("ConfigError")<{
  * The database could not do what was asked. `connection` and `serialization`
  * reasons are transient; the others are not worth retrying.
  */
-export class StoreError extends Data.TaggedError("StoreError")<{
+const StoreErrorBase: TaggedErrorClass<"StoreError"> = Data.TaggedError("StoreError")
+export class StoreError extends StoreErrorBase<{
   readonly reason: "connection" | "serialization" | "constraint" | "query" | "migration"
   readonly operation: string
   readonly cause?: unknown
@@ -63,7 +70,8 @@ export class StoreError extends Data.TaggedError("StoreError")<{
 }
 
 /** The broker could not be reached or refused an operation that is not per-message. */
-export class TransportError extends Data.TaggedError("TransportError")<{
+const TransportErrorBase: TaggedErrorClass<"TransportError"> = Data.TaggedError("TransportError")
+export class TransportError extends TransportErrorBase<{
   readonly reason: "connection" | "channel" | "topology" | "closed"
   readonly operation: string
   readonly cause?: unknown

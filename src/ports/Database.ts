@@ -23,4 +23,9 @@ export interface DatabaseShape {
   readonly listen: (channel: string, onNotify: () => void) => Effect.Effect<void, StoreError, Scope.Scope>
 }
 
-export class Database extends Context.Service<Database, DatabaseShape>()("txbox/Database") {}
+// The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
+const DatabaseService: Context.ServiceClass<Database, "txbox/Database", DatabaseShape> = Context.Service<
+  Database,
+  DatabaseShape
+>()("txbox/Database")
+export class Database extends DatabaseService {}

@@ -92,4 +92,9 @@ export interface TransportShape {
   readonly isConnected: Effect.Effect<boolean>
 }
 
-export class Transport extends Context.Service<Transport, TransportShape>()("txbox/Transport") {}
+// The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
+const TransportService: Context.ServiceClass<Transport, "txbox/Transport", TransportShape> = Context.Service<
+  Transport,
+  TransportShape
+>()("txbox/Transport")
+export class Transport extends TransportService {}

@@ -73,7 +73,27 @@ const run = <A, E>(
     throw Cause.squash(exit.cause)
   })
 
-export const createTxbox = (options: TxboxOptions) => {
+/** What `createTxbox` returns: spelled out, as JSR publishes no inferred types. */
+export interface Txbox {
+  /** Writes one event in the caller's Kysely transaction. Rejects with `ValidationError` and writes nothing if invalid. */
+  readonly enqueue: <C extends AnyContract>(
+    trx: Outbox.Executor,
+    contract: C,
+    payload: InputOf<C>,
+    options?: Outbox.EnqueueOptions,
+  ) => Promise<Outbox.EnqueuedMessage>
+  /** Writes many events with one INSERT in the caller's transaction. */
+  readonly enqueueMany: (
+    trx: Outbox.Executor,
+    events: ReadonlyArray<Outbox.EventInput>,
+  ) => Promise<ReadonlyArray<Outbox.EnqueuedMessage>>
+  readonly relay: (config?: Relay.RelayConfig) => Service<Relay.RelayStats, Relay.RelayHealth>
+  readonly inbox: (config: Inbox.InboxConfig) => Service<Inbox.InboxStats, Inbox.InboxHealth>
+  /** Stops every started relay and inbox (gracefully), then closes pools and connections. */
+  readonly close: () => Promise<void>
+}
+
+export const createTxbox = (options: TxboxOptions): Txbox => {
   const runtime = ManagedRuntime.make(Layer.mergeAll(options.database, options.transport).pipe(Layer.orDie))
   const running = new Set<() => Promise<void>>()
   const schemaConfig = options.schema === undefined ? {} : { schema: options.schema }
@@ -131,5 +151,3 @@ export const createTxbox = (options: TxboxOptions) => {
     },
   }
 }
-
-export type Txbox = ReturnType<typeof createTxbox>

@@ -5,6 +5,7 @@
  * properties), and any AMQP delivery — ours or a foreign one — becomes a
  * `Delivery` without throwing.
  */
+import { Buffer } from "node:buffer"
 import type { Message, MessagePropertyHeaders, Options } from "amqplib"
 import type { Delivery, OutgoingMessage } from "../../ports/Transport.ts"
 

@@ -1,0 +1,172 @@
+// The end-to-end smoke scenario shared by the Node and Deno suites: enqueue in the caller's
+// transaction → relay to RabbitMQ → inbox handler, on real PostgreSQL and RabbitMQ. Plain JavaScript
+// so that both runtimes load it as it is; each suite passes in txbox's modules the way that runtime
+// gets them (Node: the built package, by its own name; Deno: the TypeScript sources).
+import assert from "node:assert/strict"
+import { randomBytes, randomUUID } from "node:crypto"
+import { Effect, Layer } from "effect"
+import { Kysely, PostgresDialect, sql } from "kysely"
+import pg from "pg"
+import * as v from "valibot"
+
+/** @param {"TXBOX_TEST_DATABASE_URL" | "TXBOX_TEST_AMQP_URL"} name */
+const fromEnv = (name) => {
+  const value = process.env[name]
+  if (!value) {
+    throw new Error(
+      `${name} is not set: run through \`bun scripts/with-services.ts\` (npm run test:node / test:deno)`,
+    )
+  }
+  return value
+}
+
+const unique = (prefix) => `${prefix}_${Date.now().toString(36)}_${randomBytes(4).toString("hex")}`
+
+/** Polls `check` until it returns true; fails naming `what` after `timeoutMs`. */
+const eventually = async (what, check, timeoutMs = 30_000) => {
+  const deadline = Date.now() + timeoutMs
+  while (Date.now() < deadline) {
+    if (await check()) return
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for: ${what}`)
+}
+
+/**
+ * Runs `body` against a database of its own, created on the test server with `pg` and migrated
+ * through the package's own `migrate`, with an `orders`/`invoices` pair as the service's tables.
+ * The database is dropped after, with its connections cut.
+ */
+const withDatabase = async (modules, body) => {
+  const server = fromEnv("TXBOX_TEST_DATABASE_URL")
+  const name = unique("txbox_smoke")
+  const admin = async (statement) => {
+    const client = new pg.Client({ connectionString: server })
+    await client.connect()
+    try {
+      await client.query(statement)
+    } finally {
+      await client.end()
+    }
+  }
+  await admin(`CREATE DATABASE "${name}"`)
+  const url = new URL(server)
+  url.pathname = `/${name}`
+  const db = new Kysely({
+    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: url.href, max: 2 }) }),
+  })
+  try {
+    const { applied } = await Effect.runPromise(modules.postgres.migrate(db))
+    assert.ok(applied.length > 0, "migrate applied the schema to an empty database")
+    await sql`CREATE TABLE orders (id uuid PRIMARY KEY, total numeric NOT NULL)`.execute(db)
+    await sql`CREATE TABLE invoices (order_id uuid PRIMARY KEY, total numeric NOT NULL)`.execute(db)
+    return await body({ url: url.href, db })
+  } finally {
+    await db.destroy()
+    await admin(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`)
+  }
+}
+
+const orderPlaced = (modules) =>
+  modules.txbox.defineEvent({
+    type: "smoke.order-placed",
+    version: 1,
+    schema: v.object({ orderId: v.pipe(v.string(), v.uuid()), total: v.number() }),
+  })
+
+/** What the database says happened to one order's event: counted from the tables, not from txbox. */
+const assertDelivered = async (db, { orderId, messageId, consumer }) => {
+  await eventually("the inbox handler wrote the invoice", async () => {
+    const { rows } = await sql`SELECT count(*)::int AS n FROM invoices`.execute(db)
+    return rows[0].n === 1
+  })
+  const invoices = await sql`SELECT order_id, total::float8 AS total FROM invoices`.execute(db)
+  assert.deepEqual(invoices.rows, [{ order_id: orderId, total: 42.5 }])
+  await eventually("the relay marked the outbox row sent", async () => {
+    const { rows } = await sql`SELECT status FROM txbox.outbox WHERE id = ${messageId}`.execute(db)
+    return rows[0]?.status === "sent"
+  })
+  const inbox = await sql`SELECT message_id, consumer, status FROM txbox.inbox`.execute(db)
+  assert.deepEqual(inbox.rows, [{ message_id: messageId, consumer, status: "processed" }])
+}
+
+/**
+ * The Effect API: `Inbox.make` and `Relay.make` in one scope over `PostgresStore.layer` and
+ * `AmqpTransport.layer`, `Outbox.enqueue` inside the service's own Kysely transaction.
+ */
+export const smokeEffect = (modules, driver) =>
+  withDatabase(modules, async ({ url, db }) => {
+    const { Inbox, Outbox, Relay } = modules.txbox
+    const OrderPlaced = orderPlaced(modules)
+    const consumer = unique(`smoke-effect-${driver}`)
+    const orderId = randomUUID()
+    const infra = Layer.mergeAll(
+      modules.postgres.PostgresStore.layer({ url, driver, poolSize: 2 }),
+      modules.amqp.AmqpTransport.layer({ url: fromEnv("TXBOX_TEST_AMQP_URL"), exchange: unique("smoke") }),
+    )
+    const program = Effect.gen(function* () {
+      // The inbox first: its queue must be bound before the relay publishes, or the event is unroutable.
+      yield* Inbox.make({
+        consumer,
+        handlers: [
+          Inbox.handler(OrderPlaced, ({ payload, trx }) =>
+            Effect.promise(() =>
+              trx
+                .insertInto("invoices")
+                .values({ order_id: payload.orderId, total: payload.total })
+                .execute(),
+            ),
+          ),
+        ],
+      })
+      yield* Relay.make({ pollInterval: "100 millis" })
+      const written = yield* Effect.promise(() =>
+        db.transaction().execute(async (trx) => {
+          await trx.insertInto("orders").values({ id: orderId, total: 42.5 }).execute()
+          return Effect.runPromise(
+            Outbox.enqueue(trx, OrderPlaced, { orderId, total: 42.5 }, { partitionKey: orderId }),
+          )
+        }),
+      )
+      // Checked while the scope is open: closing it stops the relay and the inbox.
+      yield* Effect.promise(() => assertDelivered(db, { orderId, messageId: written.id, consumer }))
+    })
+    await Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(infra)))
+  })
+
+/** The Promise facade (`txbox/promise`): `createTxbox`, `start()`, `close()`. */
+export const smokePromise = (modules, driver) =>
+  withDatabase(modules, async ({ url, db }) => {
+    const OrderPlaced = orderPlaced(modules)
+    const consumer = unique(`smoke-promise-${driver}`)
+    const orderId = randomUUID()
+    const txbox = modules.promise.createTxbox({
+      database: modules.postgres.PostgresStore.layer({ url, driver, poolSize: 2 }),
+      transport: modules.amqp.AmqpTransport.layer({
+        url: fromEnv("TXBOX_TEST_AMQP_URL"),
+        exchange: unique("smoke"),
+      }),
+    })
+    try {
+      const inbox = txbox.inbox({
+        consumer,
+        handlers: [
+          modules.promise.on(OrderPlaced, async ({ payload, trx }) => {
+            await trx
+              .insertInto("invoices")
+              .values({ order_id: payload.orderId, total: payload.total })
+              .execute()
+          }),
+        ],
+      })
+      await inbox.start()
+      await txbox.relay({ pollInterval: "100 millis" }).start()
+      const written = await db.transaction().execute(async (trx) => {
+        await trx.insertInto("orders").values({ id: orderId, total: 42.5 }).execute()
+        return txbox.enqueue(trx, OrderPlaced, { orderId, total: 42.5 }, { partitionKey: orderId })
+      })
+      await assertDelivered(db, { orderId, messageId: written.id, consumer })
+    } finally {
+      await txbox.close()
+    }
+  })
