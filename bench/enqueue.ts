@@ -1,0 +1,239 @@
+// The producer's cost: a business transaction (insert an order) with and without the outbox
+// insert, transactions per second from 8 concurrent connections. Two more rows split that cost:
+// the same outbox row inserted by hand (no validation, no Effect: the library's own overhead) and
+// enqueue with the outbox's NOTIFY trigger disabled (what LISTEN/NOTIFY costs the producer).
+//
+//   bun bench/enqueue.ts [--quick] [--seconds 10] [--rounds 2] [--connections 8]
+import { Effect } from "effect"
+import { Kysely, sql, type Transaction } from "kysely"
+import { PostgresJSDialect } from "kysely-postgres-js"
+import postgres from "postgres"
+import { uuidv7 } from "../src/core/uuid.ts"
+import * as Outbox from "../src/Outbox.ts"
+import { type Child, spawnChild } from "./support/children.ts"
+import { type CpuUse, combineCpu, cpuMeter, portOf } from "./support/cpu.ts"
+import { createBenchDatabase } from "./support/db.ts"
+import {
+  log,
+  main,
+  parseArgs,
+  percentile,
+  printTable,
+  round,
+  withServices,
+  writeResult,
+} from "./support/harness.ts"
+import { makePayload, OrderPlaced } from "./support/payload.ts"
+
+const args = parseArgs()
+const quick = args.quick
+const config = {
+  seconds: args.number("seconds", quick ? 1 : 10),
+  warmupSeconds: args.number("warmup", quick ? 0.2 : 1),
+  connections: args.number("connections", 8),
+  /** The measured seconds of each variant are split over this many interleaved rounds. */
+  rounds: args.number("rounds", quick ? 1 : 2),
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: the bench's own tables
+type Trx = Transaction<any>
+
+const insertOrder = (trx: Trx, id: string, total: number) =>
+  trx.insertInto("orders").values({ id, customer_id: crypto.randomUUID(), total }).execute()
+
+interface Variant {
+  readonly name: string
+  readonly notify: boolean
+  readonly body: (trx: Trx, serial: number) => Promise<void>
+}
+
+const variants: ReadonlyArray<Variant> = [
+  {
+    name: "order only",
+    notify: true,
+    body: async (trx, serial) => {
+      await insertOrder(trx, crypto.randomUUID(), serial)
+    },
+  },
+  {
+    name: "order + Outbox.enqueue",
+    notify: true,
+    body: async (trx, serial) => {
+      const payload = makePayload(serial)
+      await insertOrder(trx, payload.orderId, payload.total)
+      await Effect.runPromise(Outbox.enqueue(trx, OrderPlaced, payload))
+    },
+  },
+  {
+    name: "order + outbox row by hand",
+    notify: true,
+    body: async (trx, serial) => {
+      const payload = makePayload(serial)
+      await insertOrder(trx, payload.orderId, payload.total)
+      await trx
+        .withSchema("txbox")
+        .insertInto("outbox")
+        .values({
+          id: uuidv7(),
+          type: OrderPlaced.type,
+          version: 1,
+          payload: sql`${JSON.stringify(payload)}::text::jsonb`,
+          headers: sql`'{}'::jsonb`,
+        })
+        .execute()
+    },
+  },
+  {
+    name: "order + outbox row by hand, NOTIFY trigger off",
+    notify: false,
+    body: async (trx, serial) => {
+      const payload = makePayload(serial)
+      await insertOrder(trx, payload.orderId, payload.total)
+      await trx
+        .withSchema("txbox")
+        .insertInto("outbox")
+        .values({
+          id: uuidv7(),
+          type: OrderPlaced.type,
+          version: 1,
+          payload: sql`${JSON.stringify(payload)}::text::jsonb`,
+          headers: sql`'{}'::jsonb`,
+        })
+        .execute()
+    },
+  },
+  {
+    name: "order + Outbox.enqueue, NOTIFY trigger off",
+    notify: false,
+    body: async (trx, serial) => {
+      const payload = makePayload(serial)
+      await insertOrder(trx, payload.orderId, payload.total)
+      await Effect.runPromise(Outbox.enqueue(trx, OrderPlaced, payload))
+    },
+  },
+]
+
+interface Run {
+  readonly name: string
+  readonly transactions: number
+  readonly rate: number
+  readonly p50: number
+  readonly p99: number
+  readonly cpu: CpuUse
+}
+
+main(() =>
+  withServices(async (services) => {
+    const meter = cpuMeter({
+      postgresPort: portOf(services.databaseUrl),
+      rabbitPort: portOf(services.amqpUrl),
+    })
+    const bench = await createBenchDatabase(services.databaseUrl, "enqueue")
+    const client = postgres(bench.url, { max: config.connections, onnotice: () => {} })
+    // biome-ignore lint/suspicious/noExplicitAny: the bench's own tables
+    const db = new Kysely<any>({ dialect: new PostgresJSDialect({ postgres: client }) })
+    let listener: Child<{ event: string; notifications: number }> | undefined
+    try {
+      await sql`
+        CREATE TABLE orders (
+          id uuid PRIMARY KEY, customer_id uuid NOT NULL, total numeric NOT NULL,
+          created_at timestamptz NOT NULL DEFAULT now()
+        )`.execute(db)
+      // Someone must LISTEN for NOTIFY to cost what it costs in production (a relay does), in a
+      // process of its own: delivering notifications must not cost the producer being measured.
+      listener = spawnChild<{ event: string; notifications: number }>("listenProcess.ts", {
+        DB_URL: bench.url,
+        CHANNEL: "txbox.outbox",
+      })
+      await listener.ready
+      // Rounds interleave the variants, so a slow spell on the machine (or JIT warming up the
+      // first variant to use enqueue) is spread over all of them rather than landing on one.
+      const measured = variants.map(() => ({ latencies: [] as number[], uses: [] as CpuUse[] }))
+      for (let round = 0; round < config.rounds; round++) {
+        for (const [index, variant] of variants.entries()) {
+          await sql`TRUNCATE orders, txbox.outbox`.execute(db)
+          await sql
+            .raw(`ALTER TABLE txbox.outbox ${variant.notify ? "ENABLE" : "DISABLE"} TRIGGER outbox_notify`)
+            .execute(db)
+          let serial = 0
+          let measuring = false
+          const latencies = measured[index]!.latencies
+          let stop = false
+          const loop = async () => {
+            while (!stop) {
+              const started = performance.now()
+              await db.transaction().execute((trx) => variant.body(trx, serial++))
+              if (measuring) latencies.push(performance.now() - started)
+            }
+          }
+          const loops = Array.from({ length: config.connections }, loop)
+          await new Promise((resolve) => setTimeout(resolve, config.warmupSeconds * 1000))
+          measuring = true
+          const before = meter.sample()
+          await new Promise((resolve) => setTimeout(resolve, (config.seconds / config.rounds) * 1000))
+          measuring = false
+          measured[index]!.uses.push(meter.use(before, meter.sample()))
+          stop = true
+          await Promise.all(loops)
+        }
+      }
+      const runs: Run[] = variants.map((variant, index) => {
+        const { latencies, uses } = measured[index]!
+        const cpu = combineCpu(uses)
+        const run: Run = {
+          name: variant.name,
+          transactions: latencies.length,
+          rate: latencies.length / cpu.seconds,
+          p50: percentile(latencies, 50),
+          p99: percentile(latencies, 99),
+          cpu,
+        }
+        log(`${variant.name}: ${Math.round(run.rate)} tx/s`)
+        return run
+      })
+      await sql`ALTER TABLE txbox.outbox ENABLE TRIGGER outbox_notify`.execute(db)
+
+      const base = runs[0]!.rate
+      printTable(
+        `Producer transactions, ${config.connections} connections, ${config.seconds} s each (CPU per transaction and in cores; PostgreSQL runs with fsync=off, synchronous_commit=off)`,
+        [
+          "transaction",
+          "tx/s",
+          "vs order only",
+          "p50 ms",
+          "p99 ms",
+          "bench µs/tx",
+          "pg µs/tx",
+          "bench",
+          "pg",
+          "other",
+        ],
+        runs.map((r) => [
+          r.name,
+          Math.round(r.rate),
+          round(r.rate / base, 3),
+          round(r.p50, 2),
+          round(r.p99, 2),
+          round((r.cpu.bench / r.rate) * 1e6),
+          r.cpu.postgres === undefined ? undefined : round((r.cpu.postgres / r.rate) * 1e6),
+          round(r.cpu.bench, 2),
+          r.cpu.postgres === undefined ? undefined : round(r.cpu.postgres, 2),
+          r.cpu.other === undefined ? undefined : round(r.cpu.other, 2),
+        ]),
+      )
+      const summary: Record<string, number> = {
+        orderOnly: round(runs[0]!.rate),
+        orderWithEnqueue: round(runs[1]!.rate),
+        orderWithRawOutboxInsert: round(runs[2]!.rate),
+        orderWithRawOutboxInsertNoNotify: round(runs[3]!.rate),
+        orderWithEnqueueNoNotify: round(runs[4]!.rate),
+        enqueueOverOrderOnly: round(runs[1]!.rate / base, 3),
+      }
+      writeResult("enqueue", args, services, { summary, config, results: runs })
+    } finally {
+      await listener?.stop()
+      await db.destroy()
+      await bench.drop()
+    }
+  }),
+)

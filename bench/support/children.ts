@@ -1,0 +1,134 @@
+// The parent's side of the bench's child processes (support/relayProcess.ts and
+// support/inboxProcess.ts): spawn with an environment, read their JSON lines, send them commands
+// on stdin, stop them.
+import { type ChildProcess, spawn } from "node:child_process"
+import { join } from "node:path"
+import { BENCH_DIR, until } from "./harness.ts"
+
+export interface Child<L extends { readonly event: string }> {
+  readonly pid: number
+  /** Every JSON line so far, in order. */
+  readonly lines: ReadonlyArray<L>
+  readonly latest: () => L | undefined
+  /** Resolves at the first line (the child is connected and ready). */
+  readonly ready: Promise<void>
+  /** Sends a command line ("go", "report", "stop"). */
+  send(command: string): void
+  /** Waits until some line satisfies `check` (the latest first). */
+  waitFor(what: string, check: (line: L) => boolean, timeoutMs: number): Promise<L>
+  /** Graceful stop (SIGTERM, SIGKILL after 30 s); resolves with the exit code. */
+  stop(): Promise<number | null>
+}
+
+const running = new Set<ChildProcess>()
+// A bench that dies must not leave its children behind.
+process.once("exit", () => {
+  for (const child of running) child.kill("SIGKILL")
+})
+
+export const spawnChild = <L extends { readonly event: string }>(
+  script: string,
+  env: Record<string, string>,
+): Child<L> => {
+  const child = spawn(process.execPath, [join(BENCH_DIR, "support", script)], {
+    env: { ...process.env, ...env },
+    stdio: ["pipe", "pipe", "inherit"],
+  })
+  running.add(child)
+  const lines: L[] = []
+  let exited: number | null | undefined
+  const exit = new Promise<number | null>((resolve) => {
+    child.once("exit", (code) => {
+      running.delete(child)
+      exited = code
+      resolve(code)
+    })
+  })
+  let buffered = ""
+  child.stdout!.setEncoding("utf8")
+  child.stdout!.on("data", (chunk: string) => {
+    buffered += chunk
+    let nl = buffered.indexOf("\n")
+    while (nl >= 0) {
+      const text = buffered.slice(0, nl).trim()
+      buffered = buffered.slice(nl + 1)
+      if (text.startsWith("{")) lines.push(JSON.parse(text) as L)
+      nl = buffered.indexOf("\n")
+    }
+  })
+  const alive = () => {
+    if (exited !== undefined) throw new Error(`${script} (pid ${child.pid}) exited with ${exited}`)
+  }
+  const waitFor = async (what: string, check: (line: L) => boolean, timeoutMs: number): Promise<L> => {
+    let found: L | undefined
+    let seen = 0
+    await until(
+      what,
+      () => {
+        for (; seen < lines.length; seen++) {
+          if (check(lines[seen]!)) found = lines[seen]
+        }
+        if (found) return true
+        alive()
+        return false
+      },
+      timeoutMs,
+      10,
+    )
+    return found!
+  }
+  return {
+    pid: child.pid!,
+    lines,
+    latest: () => lines.at(-1),
+    ready: waitFor(`${script} to start`, () => true, 60_000).then(() => {}),
+    send: (command) => {
+      child.stdin!.write(`${command}\n`)
+    },
+    waitFor,
+    stop: async () => {
+      if (exited === undefined) child.kill("SIGTERM")
+      const timer = setTimeout(() => child.kill("SIGKILL"), 30_000)
+      const code = await exit
+      clearTimeout(timer)
+      return code
+    },
+  }
+}
+
+export interface RelayStatsLine {
+  readonly event: "ready" | "stats" | "stopped"
+  /** Seconds since the relay's workers started. */
+  readonly t: number
+  readonly published: number
+  readonly retried: number
+  readonly dead: number
+  readonly batches: number
+  readonly rss: number
+  readonly heapUsed: number
+  readonly cpuSeconds: number
+}
+
+export interface RelayChildConfig {
+  readonly dbUrl: string
+  readonly amqpUrl: string
+  readonly exchange: string
+  readonly batchSize: number
+  readonly workers: number
+  readonly listen?: boolean
+  readonly pollMs?: number
+  readonly statsMs?: number
+}
+
+/** A relay process (support/relayProcess.ts); `send("go")` starts its workers. */
+export const spawnRelay = (config: RelayChildConfig): Child<RelayStatsLine> =>
+  spawnChild<RelayStatsLine>("relayProcess.ts", {
+    DB_URL: config.dbUrl,
+    AMQP_URL: config.amqpUrl,
+    EXCHANGE: config.exchange,
+    BATCH: String(config.batchSize),
+    WORKERS: String(config.workers),
+    LISTEN: String(config.listen ?? true),
+    POLL_MS: String(config.pollMs ?? 1000),
+    STATS_MS: String(config.statsMs ?? 1000),
+  })

@@ -1,0 +1,89 @@
+// A txbox Inbox in a process of its own, as a consuming service runs it (for the latency bench):
+// prints {"event":"ready"} once subscribed, {"event":"stats", ...} every STATS_MS, and on a
+// "report" line {"event":"report", latencies: [[serial, ms], ...]}: for every handled message
+// with a `committedAt`, the handler's start time minus that commit time.
+//
+// env: DB_URL, AMQP_URL, EXCHANGE, CONSUMER, MODE (idempotent | store-then-process),
+//      PREFETCH (default 32), STATS_MS (default 1000), QUEUE_TYPE (default quorum)
+import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
+import * as Inbox from "../../src/Inbox.ts"
+import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { OrderPlaced, wallMs } from "./payload.ts"
+
+const env = (name: string, fallback?: string): string => {
+  const value = process.env[name] ?? fallback
+  if (value === undefined) throw new Error(`${name} is required`)
+  return value
+}
+const emit = (event: Record<string, unknown>) => {
+  process.stdout.write(`${JSON.stringify(event)}\n`)
+}
+
+const runtime = ManagedRuntime.make(
+  Layer.mergeAll(
+    PostgresStore.layer({ url: env("DB_URL") }),
+    AmqpTransport.layer({
+      url: env("AMQP_URL"),
+      exchange: env("EXCHANGE"),
+      queueType: env("QUEUE_TYPE", "quorum") as "quorum" | "classic",
+      failFast: true,
+    }),
+  ),
+)
+const latencies: Array<[number, number]> = []
+const scope = await runtime.runPromise(Scope.make())
+const handle = await runtime.runPromise(
+  Inbox.make({
+    consumer: env("CONSUMER"),
+    mode: env("MODE", "idempotent") as "idempotent" | "store-then-process",
+    prefetch: Number(env("PREFETCH", "32")),
+    handlers: [
+      Inbox.handler(OrderPlaced, ({ payload }) =>
+        Effect.sync(() => {
+          if (payload.committedAt > 0) latencies.push([payload.serial, wallMs() - payload.committedAt])
+        }),
+      ),
+    ],
+  }).pipe(Scope.provide(scope)),
+)
+
+const report = async (event: string) => {
+  const stats = await runtime.runPromise(handle.stats)
+  emit({ event, ...stats, rss: process.memoryUsage().rss })
+}
+
+let timer: ReturnType<typeof setInterval> | undefined
+let stopping: Promise<void> | undefined
+const stop = () => {
+  stopping ??= (async () => {
+    clearInterval(timer)
+    await runtime.runPromise(Scope.close(scope, Exit.void))
+    await runtime.dispose()
+    process.exit(0)
+  })()
+  return stopping
+}
+process.on("SIGTERM", () => void stop())
+let buffered = ""
+process.stdin.setEncoding("utf8")
+process.stdin.on("data", (chunk: string) => {
+  buffered += chunk
+  let nl = buffered.indexOf("\n")
+  while (nl >= 0) {
+    const line = buffered.slice(0, nl).trim()
+    buffered = buffered.slice(nl + 1)
+    // Each report hands over what was recorded since the last one.
+    if (line === "report") emit({ event: "report", latencies: latencies.splice(0) })
+    else if (line === "stop") void stop()
+    nl = buffered.indexOf("\n")
+  }
+})
+process.stdin.on("end", () => void stop())
+await report("ready")
+timer = setInterval(
+  () => {
+    if (!stopping) report("stats").catch(() => {})
+  },
+  Number(env("STATS_MS", "1000")),
+)

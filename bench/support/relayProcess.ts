@@ -1,0 +1,98 @@
+// A txbox relay in a process of its own (for memory, scale-out and latency), driven over stdio:
+// it connects, prints {"event":"ready"}, starts its workers when a "go" line arrives on stdin, and
+// prints {"event":"stats", ...} every STATS_MS with its counters and its own RSS, sampled here, in
+// the relay's process. SIGTERM (or a "stop" line) closes the relay gracefully and exits 0.
+//
+// env: DB_URL, AMQP_URL, EXCHANGE, BATCH, WORKERS, LISTEN ("false" = polling only), POLL_MS,
+//      STATS_MS (default 1000)
+import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
+import * as Relay from "../../src/Relay.ts"
+import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+
+const env = (name: string, fallback?: string): string => {
+  const value = process.env[name] ?? fallback
+  if (value === undefined) throw new Error(`${name} is required`)
+  return value
+}
+
+const emit = (event: Record<string, unknown>) => {
+  process.stdout.write(`${JSON.stringify(event)}\n`)
+}
+
+const runtime = ManagedRuntime.make(
+  Layer.mergeAll(
+    PostgresStore.layer({ url: env("DB_URL"), listen: env("LISTEN", "true") !== "false" }),
+    AmqpTransport.layer({ url: env("AMQP_URL"), exchange: env("EXCHANGE"), failFast: true }),
+  ),
+)
+await runtime.runPromise(Effect.void)
+
+const scope = await runtime.runPromise(Scope.make())
+let handle: Relay.RelayHandle | undefined
+let startedAt = 0
+const statsEvery = Number(env("STATS_MS", "1000"))
+
+const report = async (event: string) => {
+  const stats = handle ? await runtime.runPromise(handle.stats) : undefined
+  const memory = process.memoryUsage()
+  const cpu = process.cpuUsage()
+  emit({
+    event,
+    t: startedAt === 0 ? 0 : (performance.now() - startedAt) / 1000,
+    published: stats?.published ?? 0,
+    retried: stats?.retried ?? 0,
+    dead: stats?.dead ?? 0,
+    batches: stats?.batches ?? 0,
+    rss: memory.rss,
+    heapUsed: memory.heapUsed,
+    cpuSeconds: (cpu.user + cpu.system) / 1e6,
+  })
+}
+
+let timer: ReturnType<typeof setInterval> | undefined
+let stopping: Promise<void> | undefined
+const stop = () => {
+  stopping ??= (async () => {
+    clearInterval(timer)
+    await runtime.runPromise(Scope.close(scope, Exit.void))
+    await report("stopped")
+    await runtime.dispose()
+    process.exit(0)
+  })()
+  return stopping
+}
+
+const start = async () => {
+  if (handle) return
+  startedAt = performance.now()
+  handle = await runtime.runPromise(
+    Relay.make({
+      batchSize: Number(env("BATCH", "1000")),
+      workers: Number(env("WORKERS", "1")),
+      pollInterval: Number(env("POLL_MS", "1000")),
+    }).pipe(Scope.provide(scope)),
+  )
+  await report("stats")
+  timer = setInterval(() => {
+    if (!stopping) report("stats").catch(() => {})
+  }, statsEvery)
+}
+
+process.on("SIGTERM", () => void stop())
+let buffered = ""
+process.stdin.setEncoding("utf8")
+process.stdin.on("data", (chunk: string) => {
+  buffered += chunk
+  let nl = buffered.indexOf("\n")
+  while (nl >= 0) {
+    const line = buffered.slice(0, nl).trim()
+    buffered = buffered.slice(nl + 1)
+    if (line === "go") void start()
+    else if (line === "stop") void stop()
+    nl = buffered.indexOf("\n")
+  }
+})
+// The parent went away: nobody will stop us otherwise.
+process.stdin.on("end", () => void stop())
+await report("ready")
