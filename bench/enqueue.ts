@@ -169,10 +169,10 @@ main(() =>
           const loops = Array.from({ length: config.connections }, loop)
           await new Promise((resolve) => setTimeout(resolve, config.warmupSeconds * 1000))
           measuring = true
-          const before = meter.sample()
+          const before = meter.sample([listener.pid])
           await new Promise((resolve) => setTimeout(resolve, (config.seconds / config.rounds) * 1000))
           measuring = false
-          measured[index]!.uses.push(meter.use(before, meter.sample()))
+          measured[index]!.uses.push(meter.use(before, meter.sample([listener.pid])))
           stop = true
           await Promise.all(loops)
         }
@@ -206,6 +206,7 @@ main(() =>
           "pg µs/tx",
           "bench",
           "pg",
+          "listener",
           "other",
         ],
         runs.map((r) => [
@@ -218,6 +219,7 @@ main(() =>
           r.cpu.postgres === undefined ? undefined : round((r.cpu.postgres / r.rate) * 1e6),
           round(r.cpu.bench, 2),
           r.cpu.postgres === undefined ? undefined : round(r.cpu.postgres, 2),
+          r.cpu.perChild[0] === undefined ? undefined : round(r.cpu.perChild[0], 2),
           r.cpu.other === undefined ? undefined : round(r.cpu.other, 2),
         ]),
       )
