@@ -82,6 +82,8 @@ export interface InboxConfig {
   readonly lease?: Duration.Input
   /** Store-then-process: fallback poll when no NOTIFY arrives. @default "1 second" */
   readonly pollInterval?: Duration.Input
+  /** Store-then-process: handlers run at once by the processor, each in its own transaction. @default 4 */
+  readonly processorConcurrency?: number
   /**
    * Runs after the inbox transaction committed and before the broker ack
    * (idempotent mode: after the handler's commit; store-then-process: after
@@ -162,7 +164,14 @@ const resolveConfig = (config: InboxConfig) => {
   if (!Number.isInteger(batchSize) || batchSize < 1 || batchSize > 10_000) {
     throw new ConfigError({ reason: `batchSize must be an integer in 1..10000, got ${batchSize}` })
   }
+  const processorConcurrency = config.processorConcurrency ?? 4
+  if (!Number.isInteger(processorConcurrency) || processorConcurrency < 1 || processorConcurrency > 256) {
+    throw new ConfigError({
+      reason: `processorConcurrency must be an integer in 1..256, got ${processorConcurrency}`,
+    })
+  }
   return {
+    processorConcurrency,
     consumer: config.consumer,
     mode: config.mode ?? "idempotent",
     prefetch,
@@ -483,11 +492,13 @@ const startProcessor = (
         try: () => inboxSql.claimPending(db, c.consumer, c.batchSize, token, c.leaseMs),
         catch: (e) => e as StoreError,
       })
-      const failures: inboxSql.FailureMark[] = []
-      for (const row of rows) {
-        const failure = yield* processRow(row, token)
-        if (failure) failures.push(failure)
-      }
+      // Each row in its own transaction, several at once (each on its own
+      // pooled connection): one at a time capped the processor at ~800 msg/s
+      // while the consumer side stored ~3,000 (bench/README.md "inbox").
+      const results = yield* Effect.forEach(rows, (row) => processRow(row, token), {
+        concurrency: c.processorConcurrency,
+      })
+      const failures = results.filter((f): f is inboxSql.FailureMark => f !== undefined)
       yield* Effect.tryPromise({
         try: () => inboxSql.markFailures(db, c.consumer, token, failures),
         catch: (e) => e as StoreError,
