@@ -42,3 +42,12 @@ export const classifyDbError = (operation: string, cause: unknown): StoreError =
   if (reason === "query" && CONNECTION_MESSAGES.test(message)) reason = "connection"
   return new StoreError({ reason, operation, cause })
 }
+
+/** Runs a driver call, turning whatever it throws into a classified `StoreError`. */
+export const withDbErrors = async <T>(operation: string, f: () => Promise<T>): Promise<T> => {
+  try {
+    return await f()
+  } catch (cause) {
+    throw classifyDbError(operation, cause)
+  }
+}

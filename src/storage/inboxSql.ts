@@ -5,7 +5,7 @@
  */
 import { type Kysely, sql, type Transaction } from "kysely"
 import type { DatabaseShape } from "../ports/Database.ts"
-import { classifyDbError } from "./dbErrors.ts"
+import { withDbErrors as run } from "./dbErrors.ts"
 
 // biome-ignore lint/suspicious/noExplicitAny: any executor on the caller's database
 type Executor = Kysely<any> | Transaction<any>
@@ -23,14 +23,6 @@ export interface InboxRow {
   readonly tenant_id: string | null
   readonly attempts: number
   readonly last_error: string | null
-}
-
-const run = async <T>(operation: string, f: () => Promise<T>): Promise<T> => {
-  try {
-    return await f()
-  } catch (cause) {
-    throw classifyDbError(operation, cause)
-  }
 }
 
 const values = (rows: ReadonlyArray<InboxRow>) =>

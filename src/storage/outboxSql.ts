@@ -5,7 +5,7 @@
  */
 import { sql } from "kysely"
 import type { DatabaseShape } from "../ports/Database.ts"
-import { classifyDbError } from "./dbErrors.ts"
+import { withDbErrors as run } from "./dbErrors.ts"
 
 export interface ClaimedRow {
   readonly id: string
@@ -27,14 +27,6 @@ export type RowMark =
   | { readonly id: string; readonly status: "dead"; readonly error: string }
 
 const table = (db: DatabaseShape) => sql.id(db.schema, "outbox")
-
-const run = async <T>(operation: string, f: () => Promise<T>): Promise<T> => {
-  try {
-    return await f()
-  } catch (cause) {
-    throw classifyDbError(operation, cause)
-  }
-}
 
 /**
  * Claims up to `limit` due rows: locks them with SKIP LOCKED (other relays
