@@ -22,6 +22,7 @@ import * as Metrics from "./Metrics.ts"
 import { Database, type DatabaseShape } from "./ports/Database.ts"
 import { type Delivery, type DeliveryDecision, Transport } from "./ports/Transport.ts"
 import { delayFor, makeRetryPolicy, type RetryPolicy, schedule } from "./Retry.ts"
+import { tryStore } from "./storage/dbErrors.ts"
 import * as inboxSql from "./storage/inboxSql.ts"
 import { withTransaction } from "./storage/transaction.ts"
 
@@ -208,10 +209,7 @@ export const make = (
     const decodeDelivery = (delivery: Delivery) => decodeWith(registry, handlers, c.consumer, delivery)
 
     const recordDead = (row: inboxSql.InboxRow) =>
-      Effect.tryPromise({
-        try: () => inboxSql.insertDead(db.db, db.schema, [row]),
-        catch: (e) => e as StoreError,
-      }).pipe(
+      tryStore("Inbox.insertDead", () => inboxSql.insertDead(db.db, db.schema, [row])).pipe(
         Effect.tap(() =>
           Effect.sync(() => {
             stats.dead++
@@ -265,10 +263,9 @@ export const make = (
         const outcome = yield* withTransaction(db.db, (trx) =>
           Effect.gen(function* () {
             const row = { ...decoded.row, attempts: delivery.attempt }
-            const fresh = yield* Effect.tryPromise({
-              try: () => inboxSql.insertProcessed(trx, db.schema, row),
-              catch: (e) => e as StoreError,
-            })
+            const fresh = yield* tryStore("Inbox.insertProcessed", () =>
+              inboxSql.insertProcessed(trx, db.schema, row),
+            )
             if (!fresh) return "duplicate" as const
             yield* runHandler(decoded, trx)
             return "processed" as const
@@ -295,7 +292,7 @@ export const make = (
       }).pipe(Effect.catch((error: StoreError) => outageDecision(delivery, error)))
 
     const storeBatcher = makeBatcher<inboxSql.InboxRow, number, StoreError>((rows) =>
-      Effect.tryPromise({ try: () => inboxSql.insertPending(db, rows), catch: (e) => e as StoreError }),
+      tryStore("Inbox.store", () => inboxSql.insertPending(db, rows)),
     )
 
     const store = (delivery: Delivery): Effect.Effect<DeliveryDecision> =>
@@ -460,10 +457,9 @@ const startProcessor = (
         const fixed = { ...decoded, envelope: { ...decoded.envelope, dedupeKey: row.message_id } }
         const result = yield* withTransaction(db.db, (trx) =>
           Effect.gen(function* () {
-            const mine = yield* Effect.tryPromise({
-              try: () => inboxSql.markProcessed(trx, db.schema, row, token),
-              catch: (e) => e as StoreError,
-            })
+            const mine = yield* tryStore("Inbox.markProcessed", () =>
+              inboxSql.markProcessed(trx, db.schema, row, token),
+            )
             if (mine) yield* run(fixed, trx)
             return mine
           }),
@@ -488,10 +484,9 @@ const startProcessor = (
 
     const cycle = Effect.gen(function* () {
       const token = uuidv7()
-      const rows = yield* Effect.tryPromise({
-        try: () => inboxSql.claimPending(db, c.consumer, c.batchSize, token, c.leaseMs),
-        catch: (e) => e as StoreError,
-      })
+      const rows = yield* tryStore("Inbox.claimPending", () =>
+        inboxSql.claimPending(db, c.consumer, c.batchSize, token, c.leaseMs),
+      )
       // Each row in its own transaction, several at once (each on its own
       // pooled connection): one at a time capped the processor at ~800 msg/s
       // while the consumer side stored ~3,000 (bench/README.md "inbox").
@@ -499,10 +494,7 @@ const startProcessor = (
         concurrency: c.processorConcurrency,
       })
       const failures = results.filter((f): f is inboxSql.FailureMark => f !== undefined)
-      yield* Effect.tryPromise({
-        try: () => inboxSql.markFailures(db, c.consumer, token, failures),
-        catch: (e) => e as StoreError,
-      })
+      yield* tryStore("Inbox.markFailures", () => inboxSql.markFailures(db, c.consumer, token, failures))
       for (const f of failures) {
         if (f.status === "dead") stats.dead++
         else stats.retried++

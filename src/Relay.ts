@@ -16,6 +16,7 @@ import * as Metrics from "./Metrics.ts"
 import { Database } from "./ports/Database.ts"
 import { type OutgoingMessage, type PublishOutcome, Transport } from "./ports/Transport.ts"
 import { makeRetryPolicy, type RetryPolicy, schedule } from "./Retry.ts"
+import { tryStore } from "./storage/dbErrors.ts"
 import * as opsSql from "./storage/opsSql.ts"
 import * as outboxSql from "./storage/outboxSql.ts"
 
@@ -117,13 +118,6 @@ const toMessage = (row: outboxSql.ClaimedRow): OutgoingMessage => ({
   tenantId: row.tenant_id,
 })
 
-const tryDb = <A>(f: (signal: AbortSignal) => Promise<A>): Effect.Effect<A, StoreError> =>
-  Effect.tryPromise({
-    try: f,
-    catch: (e) =>
-      e instanceof StoreError ? e : new StoreError({ reason: "query", operation: "relay", cause: e }),
-  })
-
 /** Starts the relay's workers in the current scope; closing the scope stops them gracefully. */
 export const make = (
   config: RelayConfig = {},
@@ -162,7 +156,7 @@ export const make = (
       const rows = yield* bounded(
         "Relay.claim",
         statementTimeout,
-        tryDb((signal) => {
+        tryStore("Relay.claim", (signal) => {
           const claimed = outboxSql.claim(db, c.batchSize, token, c.leaseMs)
           // Given up on (timed out), the statement may still run later: hand
           // whatever it claims straight back rather than leave it to the lease.
@@ -201,7 +195,7 @@ export const make = (
         bounded(
           "Relay.mark",
           statementTimeout,
-          tryDb(() => outboxSql.mark(db, token, marks)),
+          tryStore("Relay.mark", () => outboxSql.mark(db, token, marks)),
         ).pipe(Effect.retry({ schedule: schedule(c.outage), while: (e) => e.retryable })),
       )
     })
@@ -263,7 +257,7 @@ export const make = (
     // index-first-entry read, cheap enough to run every few seconds.
     let lagSeconds = 0
     const measureLag = Effect.gen(function* () {
-      lagSeconds = yield* tryDb(() => outboxSql.lagSeconds(db))
+      lagSeconds = yield* tryStore("Relay.lag", () => outboxSql.lagSeconds(db))
       yield* Metric.update(Metrics.outboxLag, lagSeconds)
     }).pipe(Effect.ignore)
     yield* Effect.forkScoped(

@@ -1,3 +1,4 @@
+import { Effect } from "effect"
 import { StoreError } from "../Errors.ts"
 
 // Node socket errors and postgres.js's own connection codes: the server is
@@ -51,3 +52,17 @@ export const withDbErrors = async <T>(operation: string, f: () => Promise<T>): P
     throw classifyDbError(operation, cause)
   }
 }
+
+/**
+ * A driver call as an Effect failing with a classified `StoreError` (one
+ * already classified by `withDbErrors` passes through). The signal aborts
+ * when the Effect is interrupted, e.g. by a timeout.
+ */
+export const tryStore = <A>(
+  operation: string,
+  f: (signal: AbortSignal) => Promise<A>,
+): Effect.Effect<A, StoreError> =>
+  Effect.tryPromise({
+    try: f,
+    catch: (cause) => (cause instanceof StoreError ? cause : classifyDbError(operation, cause)),
+  })
