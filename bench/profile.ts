@@ -9,9 +9,8 @@
 import amqp, { type Options } from "amqplib"
 import { Effect, ManagedRuntime } from "effect"
 import { uuidv7 } from "../src/core/uuid.ts"
-import { Database } from "../src/ports/Database.ts"
+import { OutboxStore } from "../src/ports/OutboxStore.ts"
 import { type OutgoingMessage, Transport } from "../src/ports/Transport.ts"
-import * as outboxSql from "../src/storage/outboxSql.ts"
 import * as PostgresStore from "../src/storage/PostgresStore.ts"
 import * as AmqpTransport from "../src/transport/amqp/AmqpTransport.ts"
 import { declareSink, encodeBench, type QueueType } from "./support/amqp.ts"
@@ -55,24 +54,33 @@ main(() =>
       // 1. The database half: the relay's own claim and mark statements, every row marked sent.
       const store = ManagedRuntime.make(PostgresStore.layer({ url: bench.url, listen: false }))
       try {
-        const db = await store.runPromise(
+        const outbox = await store.runPromise(
           Effect.gen(function* () {
-            return yield* Database
+            return yield* OutboxStore
           }),
         )
+        const done = { _tag: "Done" } as const
+        const claimAndMark = async () => {
+          let t = performance.now()
+          const { token, rows } = await Effect.runPromise(outbox.claim(config.batchSize, 30_000))
+          const claimMs = performance.now() - t
+          t = performance.now()
+          if (rows.length > 0) {
+            await Effect.runPromise(
+              outbox.mark(
+                token,
+                rows.map((r) => ({ id: r.id, verdict: done })),
+              ),
+            )
+          }
+          return { rows: rows.length, claimMs, markMs: performance.now() - t }
+        }
         for (const workers of [1, 2]) {
           await fillOutbox(bench.db, config.rows)
           const before = meter.sample()
           const worker = async () => {
             for (;;) {
-              const token = uuidv7()
-              const rows = await outboxSql.claim(db, config.batchSize, token, 30_000)
-              if (rows.length === 0) return
-              await outboxSql.mark(
-                db,
-                token,
-                rows.map((r) => ({ id: r.id, status: "sent" as const })),
-              )
+              if ((await claimAndMark()).rows === 0) return
             }
           }
           await Promise.all(Array.from({ length: workers }, worker))
@@ -125,20 +133,8 @@ main(() =>
           {
             key: "src",
             what: "as in src (claim; mark via json_to_recordset)",
-            run: async (token) => {
-              let t = performance.now()
-              const rows = await outboxSql.claim(db, config.batchSize, token, 30_000)
-              const claimMs = performance.now() - t
-              t = performance.now()
-              if (rows.length > 0) {
-                await outboxSql.mark(
-                  db,
-                  token,
-                  rows.map((r) => ({ id: r.id, status: "sent" as const })),
-                )
-              }
-              return { rows: rows.length, claimMs, markMs: performance.now() - t }
-            },
+            // The store mints its own claim token.
+            run: () => claimAndMark(),
           },
           {
             key: "markByIds",

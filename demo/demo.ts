@@ -38,6 +38,8 @@ import {
   Transport,
   TransportError,
   type TransportShape,
+  TxboxSchema,
+  type TxboxStore,
 } from "../src/index.ts"
 import { MemoryTransport } from "../src/memory.ts"
 import { migrate, PgliteStore } from "../src/pglite.ts"
@@ -88,7 +90,7 @@ const parseOptions = (): { readonly orders: number } => {
 // ── Where it runs: PGlite and the in-memory broker unless URLs say otherwise ────────────────────
 
 interface Backend {
-  readonly layer: Layer.Layer<Database | Transport, ConfigError | StoreError | TransportError>
+  readonly layer: Layer.Layer<TxboxStore | Transport, ConfigError | StoreError | TransportError>
   readonly label: string
   /** Clears what an earlier, interrupted run may have left on a real broker. */
   readonly purge: Effect.Effect<void>
@@ -186,11 +188,8 @@ const placeOrder = (db: Kysely<unknown>) =>
           const order = { id: crypto.randomUUID(), total_cents: 1000 + Math.floor(Math.random() * 49_000) }
           await shop(trx).insertInto("orders").values(order).execute()
           await Effect.runPromise(
-            Outbox.enqueue(
-              trx,
-              OrderPlaced,
-              { orderId: order.id, totalCents: order.total_cents },
-              { schema: TXBOX },
+            Outbox.enqueue(trx, OrderPlaced, { orderId: order.id, totalCents: order.total_cents }).pipe(
+              Effect.provideService(TxboxSchema, TXBOX),
             ),
           )
           // Declined after the event was written: the rollback takes the order and the event away.

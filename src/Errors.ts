@@ -53,11 +53,15 @@ export class ConfigError extends ConfigErrorBase<{
 
 /**
  * The database could not do what was asked. `connection` and `serialization`
- * reasons are transient; the others are not worth retrying.
+ * reasons are transient; the others are not worth retrying. `data`: the
+ * database cannot store the value (a NUL byte, an invalid escape), so the same
+ * message will never go in. `aborted`: a statement inside the transaction
+ * failed and the error was caught, so PostgreSQL would have answered COMMIT
+ * with a silent ROLLBACK.
  */
 const StoreErrorBase: TaggedErrorClass<"StoreError"> = Data.TaggedError("StoreError")
 export class StoreError extends StoreErrorBase<{
-  readonly reason: "connection" | "serialization" | "constraint" | "query" | "migration"
+  readonly reason: "connection" | "serialization" | "constraint" | "query" | "migration" | "data" | "aborted"
   readonly operation: string
   readonly cause?: unknown
 }> {

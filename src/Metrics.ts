@@ -6,54 +6,57 @@
  */
 import { Effect, Metric } from "effect"
 
-const durations = Metric.exponentialBoundaries({ start: 1, factor: 2, count: 14 }) // 1 ms … 8 s
+const durations: ReadonlyArray<number> = Metric.exponentialBoundaries({ start: 1, factor: 2, count: 14 }) // 1 ms … 8 s
 
-export const published = Metric.counter("txbox_published_total", {
+export const published: Metric.Counter<number> = Metric.counter("txbox_published_total", {
   description: "Outbox messages confirmed by the broker and marked sent",
   incremental: true,
 })
-export const retried = Metric.counter("txbox_retried_total", {
+export const retried: Metric.Counter<number> = Metric.counter("txbox_retried_total", {
   description: "Messages scheduled for another attempt (attribute side = outbox | inbox)",
   incremental: true,
 })
-export const dead = Metric.counter("txbox_dead_total", {
+export const dead: Metric.Counter<number> = Metric.counter("txbox_dead_total", {
   description: "Messages given up on (attribute side = outbox | inbox)",
   incremental: true,
 })
-export const processed = Metric.counter("txbox_processed_total", {
+export const processed: Metric.Counter<number> = Metric.counter("txbox_processed_total", {
   description: "Inbox messages whose handler committed",
   incremental: true,
 })
-export const duplicates = Metric.counter("txbox_duplicates_total", {
+export const duplicates: Metric.Counter<number> = Metric.counter("txbox_duplicates_total", {
   description: "Inbox deliveries skipped because their key was already there",
   incremental: true,
 })
-export const outboxLag = Metric.gauge("txbox_outbox_lag_seconds", {
+export const outboxLag: Metric.Gauge<number> = Metric.gauge("txbox_outbox_lag_seconds", {
   description: "Age of the oldest due, unpublished outbox message (0 when none)",
 })
-export const batchSize = Metric.histogram("txbox_relay_batch_size", {
+export const batchSize: Metric.Histogram<number> = Metric.histogram("txbox_relay_batch_size", {
   description: "Rows per relay claim",
   boundaries: Metric.exponentialBoundaries({ start: 1, factor: 4, count: 8 }),
 })
-export const claimDuration = Metric.histogram("txbox_relay_claim_ms", {
+export const claimDuration: Metric.Histogram<number> = Metric.histogram("txbox_relay_claim_ms", {
   description: "Claim statement",
   boundaries: durations,
 })
-export const publishDuration = Metric.histogram("txbox_relay_publish_ms", {
+export const publishDuration: Metric.Histogram<number> = Metric.histogram("txbox_relay_publish_ms", {
   description: "Publishing one batch until every confirm",
   boundaries: durations,
 })
-export const markDuration = Metric.histogram("txbox_relay_mark_ms", {
+export const markDuration: Metric.Histogram<number> = Metric.histogram("txbox_relay_mark_ms", {
   description: "Mark statement",
   boundaries: durations,
 })
-export const handlerDuration = Metric.histogram("txbox_handler_ms", {
+export const handlerDuration: Metric.Histogram<number> = Metric.histogram("txbox_handler_ms", {
   description: "Inbox handler, including its transaction",
   boundaries: durations,
 })
 
 /** Runs `effect` and records its duration in milliseconds into `histogram`. */
-export const timed = <A, E, R>(histogram: Metric.Metric<number, unknown>, effect: Effect.Effect<A, E, R>) =>
+export const timed = <A, E, R>(
+  histogram: Metric.Metric<number, unknown>,
+  effect: Effect.Effect<A, E, R>,
+): Effect.Effect<A, E, R> =>
   Effect.suspend(() => {
     const start = performance.now()
     return Effect.ensuring(

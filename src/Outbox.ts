@@ -3,13 +3,16 @@
  * transaction, so they commit or roll back with the business data.
  */
 import { Duration, Effect } from "effect"
-import { type Kysely, sql, type Transaction } from "kysely"
+import { type Kysely, type RawBuilder, sql, type Transaction } from "kysely"
 import { type AnyContract, encode, type InputOf } from "./Contract.ts"
+import { validateConfig } from "./core/config.ts"
+import { classifyDbError } from "./core/dbErrors.ts"
+import { validateSchemaName } from "./core/identifier.ts"
 import * as trace from "./core/trace.ts"
 import { isUuid, uuidv7 } from "./core/uuid.ts"
 import { type ConfigError, type StoreError, ValidationError } from "./Errors.ts"
-import { classifyDbError } from "./storage/dbErrors.ts"
-import { validateSchemaName } from "./storage/identifier.ts"
+import { TxboxSchema } from "./ports/Database.ts"
+import type { TxboxDatabase } from "./ports/tables.ts"
 
 export interface EnqueueOptions {
   /** The event id, also the AMQP `messageId` and the inbox dedupe key. A UUID. @default a new UUIDv7 */
@@ -25,11 +28,6 @@ export interface EnqueueOptions {
   readonly delay?: Duration.Input
   /** Publish no earlier than this time. Wins over `delay`. */
   readonly visibleAt?: Date
-}
-
-export interface OutboxConfig {
-  /** Schema holding the outbox table. @default "txbox" */
-  readonly schema?: string
 }
 
 /** Any Kysely executor: the caller's transaction (the point) or, for one-off writes, the pool. */
@@ -70,7 +68,8 @@ const prepare = (event: EventInput, traceparent: string | undefined) =>
       headers[key] = value
     }
     if (traceparent && headers.traceparent === undefined) headers.traceparent = traceparent
-    let visibleAt: ReturnType<typeof sql> | Date = sql`now()`
+    // Database time, not this process's clock: due times compare against now() in the claim.
+    let visibleAt: RawBuilder<Date> | Date = sql<Date>`now()`
     if (options.visibleAt !== undefined) {
       if (!(options.visibleAt instanceof Date) || Number.isNaN(options.visibleAt.getTime())) {
         return yield* invalid(contract, "visibleAt", "visibleAt must be a valid Date")
@@ -81,7 +80,7 @@ const prepare = (event: EventInput, traceparent: string | undefined) =>
       if (ms._tag === "None" || !Duration.isFinite(ms.value)) {
         return yield* invalid(contract, "delay", "delay must be a finite duration")
       }
-      visibleAt = sql`now() + ${Duration.toMillis(ms.value)} * interval '1 millisecond'`
+      visibleAt = sql<Date>`now() + ${Duration.toMillis(ms.value)} * interval '1 millisecond'`
     }
     return {
       id,
@@ -104,26 +103,25 @@ const prepare = (event: EventInput, traceparent: string | undefined) =>
 export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
   executor: Executor,
   events: ReadonlyArray<EventInput>,
-  config: OutboxConfig = {},
 ) {
-  const schema = yield* Effect.try({
-    try: () => validateSchemaName(config.schema ?? "txbox"),
-    catch: (e) => e as ConfigError,
-  })
+  // The store layer's schema (or "txbox"): enqueue writes where the relay reads.
+  const configured = yield* TxboxSchema
+  const schema = yield* validateConfig(() => validateSchemaName(configured))
   if (events.length === 0) return [] as ReadonlyArray<EnqueuedMessage>
   const traceparent = yield* trace.currentTraceparent
   const rows = yield* Effect.forEach(events, (event) => prepare(event, traceparent))
   yield* Effect.annotateCurrentSpan({ "txbox.count": rows.length, "txbox.type": rows[0]!.type })
   yield* Effect.tryPromise({
     try: () =>
-      executor
+      (executor as Kysely<TxboxDatabase>)
         .withSchema(schema)
         .insertInto("outbox")
         .values(
           rows.map((r) => ({
             ...r,
-            payload: sql`${r.payload}::text::jsonb`,
-            headers: sql`${r.headers}::text::jsonb`,
+            // Bound as text and cast: postgres.js would otherwise encode the JSON string a second time.
+            payload: sql<unknown>`${r.payload}::text::jsonb`,
+            headers: sql<Record<string, string>>`${r.headers}::text::jsonb`,
           })),
         )
         .execute(),
@@ -133,21 +131,20 @@ export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
 }) as (
   executor: Executor,
   events: ReadonlyArray<EventInput>,
-  config?: OutboxConfig,
 ) => Effect.Effect<ReadonlyArray<EnqueuedMessage>, ValidationError | StoreError | ConfigError>
 
-/** Writes one event in the caller's transaction. See `enqueueMany`. */
+/**
+ * Writes one event in the caller's transaction. See `enqueueMany`. The schema
+ * is the store layer's (`TxboxSchema`), so run it under the same layer as the
+ * relay, or provide `TxboxSchema` when txbox's tables are not in "txbox".
+ */
 export const enqueue = <C extends AnyContract>(
   executor: Executor,
   contract: C,
   payload: InputOf<C>,
-  options?: EnqueueOptions & OutboxConfig,
+  options?: EnqueueOptions,
 ): Effect.Effect<EnqueuedMessage, ValidationError | StoreError | ConfigError> =>
   Effect.map(
-    enqueueMany(
-      executor,
-      [options === undefined ? { contract, payload } : { contract, payload, options }],
-      options?.schema === undefined ? {} : { schema: options.schema },
-    ),
+    enqueueMany(executor, [options === undefined ? { contract, payload } : { contract, payload, options }]),
     (rows) => rows[0]!,
   )

@@ -5,7 +5,7 @@
  * Both read the same numbers: exponential growth, a cap, ±20 % jitter.
  */
 import { Duration, Effect, Schedule } from "effect"
-import { ConfigError } from "./Errors.ts"
+import * as config from "./core/config.ts"
 
 export interface RetryPolicy {
   /** Delay before the first retry. @default 1 second */
@@ -28,21 +28,29 @@ export const defaultRetryPolicy: RetryPolicy = {
   maxAttempts: 10,
 }
 
-/** Validates a partial policy over the defaults; a bad value is a `ConfigError`, not a silent clamp. */
-export const makeRetryPolicy = (overrides: Partial<RetryPolicy> = {}): RetryPolicy => {
+/**
+ * Validates a partial policy over the defaults and returns it with its
+ * durations in milliseconds. A bad value throws a `ConfigError` naming the
+ * field (`field.initialDelay`, ...): call it inside `validateConfig`, which
+ * turns that into the layer's typed failure.
+ */
+export const makeRetryPolicy = (overrides: Partial<RetryPolicy> = {}, field = "retry"): RetryPolicy => {
   const policy = { ...defaultRetryPolicy, ...overrides }
-  const initial = Duration.toMillis(Duration.fromInputUnsafe(policy.initialDelay))
-  const max = Duration.toMillis(Duration.fromInputUnsafe(policy.maxDelay))
-  if (!(initial >= 0)) throw new ConfigError({ reason: `retry initialDelay must be >= 0, got ${initial} ms` })
-  if (!(max >= initial)) throw new ConfigError({ reason: "retry maxDelay must be >= initialDelay" })
-  if (!(policy.factor >= 1))
-    throw new ConfigError({ reason: `retry factor must be >= 1, got ${policy.factor}` })
-  if (!Number.isInteger(policy.maxAttempts) || policy.maxAttempts < 1) {
-    throw new ConfigError({
-      reason: `retry maxAttempts must be a positive integer, got ${policy.maxAttempts}`,
-    })
+  const initialDelay = config.millis(
+    `${field}.initialDelay`,
+    policy.initialDelay,
+    defaultRetryPolicy.initialDelay,
+  )
+  const maxDelay = config.millis(`${field}.maxDelay`, policy.maxDelay, defaultRetryPolicy.maxDelay, {
+    minMs: initialDelay,
+  })
+  return {
+    initialDelay,
+    maxDelay,
+    factor: config.atLeast(`${field}.factor`, policy.factor, defaultRetryPolicy.factor, 1),
+    jitter: config.flag(`${field}.jitter`, policy.jitter, defaultRetryPolicy.jitter),
+    maxAttempts: config.integer(`${field}.maxAttempts`, policy.maxAttempts, 10, 1, 1_000_000),
   }
-  return policy
 }
 
 /** The un-jittered delay before retry number `attempt` (1-based), capped. */

@@ -23,8 +23,24 @@ export {
   ValidationError,
 } from "./Errors.ts"
 export * as Inbox from "./Inbox.ts"
+export * as Metrics from "./Metrics.ts"
 export * as Outbox from "./Outbox.ts"
-export { Database, type DatabaseShape } from "./ports/Database.ts"
+export { Database, type DatabaseShape, TxboxSchema } from "./ports/Database.ts"
+export {
+  type InboxMark,
+  type InboxRow,
+  InboxStore,
+  type InboxStoreShape,
+  type InboxTransaction,
+} from "./ports/InboxStore.ts"
+export type { Claim, Verdict } from "./ports/lease.ts"
+export {
+  type OutboxMark,
+  type OutboxMessage,
+  OutboxStore,
+  type OutboxStoreShape,
+} from "./ports/OutboxStore.ts"
+export type { TxboxStore } from "./ports/stores.ts"
 export {
   type Delivery,
   type DeliveryDecision,
@@ -34,6 +50,6 @@ export {
   Transport,
   type TransportShape,
 } from "./ports/Transport.ts"
+export type { TxboxDatabase } from "./ports/tables.ts"
 export * as Relay from "./Relay.ts"
 export * as Retry from "./Retry.ts"
-export type { TxboxDatabase } from "./storage/schema.ts"

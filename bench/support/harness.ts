@@ -184,8 +184,16 @@ export interface ResultFile {
   readonly results: unknown
 }
 
-/** Writes `bench/results/<name>.json` with the machine and run context around `result`. */
-export const writeResult = (name: string, args: Args, services: Services, result: ResultFile): string => {
+/**
+ * Writes `bench/results/<name>.json` with the machine and run context around `result`.
+ * `services` is undefined for a script that needs none (bench/builder.ts).
+ */
+export const writeResult = (
+  name: string,
+  args: Args,
+  services: Services | undefined,
+  result: ResultFile,
+): string => {
   const path = join(RESULTS_DIR, `${name}.json`)
   mkdirSync(RESULTS_DIR, { recursive: true })
   const file = {
@@ -200,7 +208,7 @@ export const writeResult = (name: string, args: Args, services: Services, result
       loadavg: loadavg().map((n) => round(n, 2)),
       runtime: typeof Bun === "undefined" ? `node ${process.version}` : `bun ${Bun.version}`,
     },
-    services: services.source,
+    services: services?.source ?? "none",
     ...result,
   }
   writeFileSync(path, `${JSON.stringify(file, null, 2)}\n`)

@@ -5,9 +5,9 @@
  */
 import { Effect, Option } from "effect"
 import { type Command, Flag } from "effect/cli"
+import { validateSchemaName } from "../core/identifier.ts"
 import type { ConfigError, StoreError } from "../Errors.ts"
 import type { DatabaseShape } from "../ports/Database.ts"
-import { validateSchemaName } from "../storage/identifier.ts"
 import * as opsSql from "../storage/opsSql.ts"
 import * as PostgresStore from "../storage/PostgresStore.ts"
 import { NotReadyError, UsageError } from "./errors.ts"
@@ -22,7 +22,7 @@ export const connectionFlags = {
     Flag.withDefault("txbox"),
   ),
   driver: Flag.Literals("driver", ["postgres.js", "pg"]).pipe(
-    Flag.withDescription("driver under Kysely (default: postgres.js)"),
+    Flag.withDescription("driver under Kysely (default: pg, node-postgres)"),
     Flag.optional,
   ),
 } as const

@@ -1,8 +1,9 @@
 /**
- * The database port: a Kysely instance on PostgreSQL (any dialect: postgres.js,
- * node-postgres, PGlite) plus the one thing Kysely cannot do, LISTEN. Store
- * adapters (`txbox/postgres`, `txbox/pglite`) provide it; the core's queries
- * are plain Kysely SQL over it.
+ * A connection to txbox's database and its transactions: a Kysely instance on
+ * PostgreSQL (postgres.js, node-postgres or PGlite underneath), the schema
+ * txbox's tables live in, and LISTEN, the one thing Kysely cannot do. Store
+ * adapters build the `OutboxStore` and `InboxStore` ports on it; the relay and
+ * the inbox never see it. The CLI and migrations use it directly.
  */
 import { Context, type Effect, type Scope } from "effect"
 import type { Kysely } from "kysely"
@@ -11,10 +12,15 @@ import type { StoreError } from "../Errors.ts"
 export interface DatabaseShape {
   // biome-ignore lint/suspicious/noExplicitAny: the caller's Kysely may describe their own tables too
   readonly db: Kysely<any>
-  /** txbox's schema, validated as an identifier. */
+  /** txbox's schema, validated as an identifier (the same value as `TxboxSchema`). */
   readonly schema: string
-  /** Which driver sits under Kysely; tells health checks and docs which fault behaviour applies. */
-  readonly driver: "postgres.js" | "pg" | "pglite" | "custom"
+  /**
+   * True when COMMIT of a transaction that a failed statement aborted fails
+   * (25P02) instead of rolling back silently, as PostgreSQL answers it; a store
+   * that cannot promise it leaves it unset, and txbox probes the transaction
+   * before COMMIT (one more round trip).
+   */
+  readonly commitRefusesAborted?: boolean
   /**
    * Subscribes to a NOTIFY channel until the scope closes. `onNotify` may be
    * called spuriously or not at all (a lost listener connection): NOTIFY only
@@ -29,3 +35,17 @@ const DatabaseService: Context.ServiceClass<Database, "txbox/Database", Database
   DatabaseShape
 >()("txbox/Database")
 export class Database extends DatabaseService {}
+
+/**
+ * The schema holding txbox's tables: the one setting every part reads. A store
+ * layer (`PostgresStore.layer({ schema })`, `PgliteStore.layer({ schema })`)
+ * provides it with the value its relay and inbox use, so `Outbox.enqueue` run
+ * under that layer writes where the relay reads. Outside any store layer it is
+ * "txbox"; provide `Layer.succeed(TxboxSchema)("name")` to change it there.
+ */
+export const TxboxSchema: Context.Reference<string> = Context.Reference<string>("txbox/Schema", {
+  defaultValue: () => "txbox",
+})
+
+/** NOTIFY channel names, in one place: the migrations' triggers send on these. */
+export const notifyChannel = (schema: string, table: "outbox" | "inbox"): string => `${schema}.${table}`

@@ -31,7 +31,7 @@ export type PublishOutcome =
   | { readonly _tag: "Nacked"; readonly error: string }
   /** No queue would receive it (`mandatory` returned it); retried, then dead. */
   | { readonly _tag: "Returned"; readonly error: string }
-  /** No confirm within the publish timeout; transient. */
+  /** No confirm within the publish timeout (a blocked broker, a half-open socket): an outage, never counts against maxAttempts. */
   | { readonly _tag: "TimedOut"; readonly error: string }
   /** The channel or connection failed while it was in flight; transient, never counts against maxAttempts. */
   | { readonly _tag: "Interrupted"; readonly error: string }
@@ -47,6 +47,8 @@ export interface Delivery {
   /** Contract version from the `txbox-version` header. */
   readonly version: number | undefined
   readonly body: string
+  /** The body's bytes as received, when the transport has them: kept (base64) if the message ends dead and is not valid text. */
+  readonly bodyBytes?: Uint8Array
   /** All application properties/headers as strings (non-strings are JSON-encoded). */
   readonly headers: Readonly<Record<string, string>>
   readonly partitionKey: string | undefined
@@ -57,8 +59,15 @@ export interface Delivery {
   readonly redelivered: boolean
 }
 
-/** What the consumer decided: settle it, or bring it back after a delay (and count an attempt). */
-export type DeliveryDecision = { readonly _tag: "Ack" } | { readonly _tag: "Retry"; readonly delayMs: number }
+/**
+ * What the consumer decided: settle it, or bring it back after a delay. A
+ * retry counts an attempt (the next delivery's `attempt` is one more) unless
+ * `spendsAttempt` is false: the consumer's database was away, not the
+ * message at fault.
+ */
+export type DeliveryDecision =
+  | { readonly _tag: "Ack" }
+  | { readonly _tag: "Retry"; readonly delayMs: number; readonly spendsAttempt?: boolean }
 
 export interface SubscribeOptions {
   /** Names the consumer's queue; one queue per consumer. */

@@ -21,17 +21,15 @@ import type { Transaction } from "kysely"
 import type { AnyContract, InputOf, PayloadOf } from "../Contract.ts"
 import * as Inbox from "../Inbox.ts"
 import * as Outbox from "../Outbox.ts"
-import type { Database } from "../ports/Database.ts"
+import type { TxboxStore } from "../ports/stores.ts"
 import type { Transport } from "../ports/Transport.ts"
 import * as Relay from "../Relay.ts"
 
 export interface TxboxOptions {
-  /** A store layer: `PostgresStore.layer({ url })` or `PgliteStore.layer()`. */
-  readonly database: Layer.Layer<Database, unknown>
+  /** A store layer: `PostgresStore.layer({ url, schema? })` or `PgliteStore.layer()`. Its schema is the one enqueue, relay and inbox use. */
+  readonly database: Layer.Layer<TxboxStore, unknown>
   /** A transport layer: `AmqpTransport.layer({ url })` or `MemoryTransport.layer()`. */
   readonly transport: Layer.Layer<Transport, unknown>
-  /** Schema of txbox's tables. @default "txbox" */
-  readonly schema?: string
 }
 
 /** A running part (relay or inbox): `start()` resolves once it is up, `stop()` once it has drained. */
@@ -64,11 +62,8 @@ export const on = <C extends AnyContract>(
   )
 
 /** Turns a failed Effect into a rejected Promise carrying the typed error itself (not a FiberFailure). */
-const run = <A, E>(
-  runtime: ManagedRuntime.ManagedRuntime<never, never> | undefined,
-  effect: Effect.Effect<A, E>,
-) =>
-  (runtime ? runtime.runPromiseExit(effect) : Effect.runPromiseExit(effect)).then((exit) => {
+const run = <A, E, R>(runtime: ManagedRuntime.ManagedRuntime<R, never>, effect: Effect.Effect<A, E, R>) =>
+  runtime.runPromiseExit(effect).then((exit) => {
     if (Exit.isSuccess(exit)) return exit.value
     throw Cause.squash(exit.cause)
   })
@@ -94,12 +89,19 @@ export interface Txbox {
 }
 
 export const createTxbox = (options: TxboxOptions): Txbox => {
-  const runtime = ManagedRuntime.make(Layer.mergeAll(options.database, options.transport).pipe(Layer.orDie))
+  // Two runtimes over one memo map: enqueue needs only the store (a producer
+  // must not wait for the broker), relay and inbox need both; the store layer
+  // is built once and shared.
+  const memoMap = Effect.runSync(Layer.makeMemoMap)
+  const database = options.database.pipe(Layer.orDie)
+  const storeRuntime = ManagedRuntime.make(database, { memoMap })
+  const runtime = ManagedRuntime.make(Layer.mergeAll(database, options.transport.pipe(Layer.orDie)), {
+    memoMap,
+  })
   const running = new Set<() => Promise<void>>()
-  const schemaConfig = options.schema === undefined ? {} : { schema: options.schema }
 
   const service = <H extends { stats: Effect.Effect<unknown>; health: Effect.Effect<unknown> }>(
-    make: Effect.Effect<H, unknown, Database | Transport | Scope.Scope>,
+    make: Effect.Effect<H, unknown, TxboxStore | Transport | Scope.Scope>,
   ): Service<Effect.Success<H["stats"]>, Effect.Success<H["health"]>> => {
     let state: { scope: Scope.Closeable; handle: H } | undefined
     const stop = async () => {
@@ -138,16 +140,17 @@ export const createTxbox = (options: TxboxOptions): Txbox => {
       payload: InputOf<C>,
       enqueueOptions: Outbox.EnqueueOptions = {},
     ): Promise<Outbox.EnqueuedMessage> =>
-      run(undefined, Outbox.enqueue(trx, contract, payload, { ...enqueueOptions, ...schemaConfig })),
+      run(storeRuntime, Outbox.enqueue(trx, contract, payload, enqueueOptions)),
     /** Writes many events with one INSERT in the caller's transaction. */
     enqueueMany: (trx: Outbox.Executor, events: ReadonlyArray<Outbox.EventInput>) =>
-      run(undefined, Outbox.enqueueMany(trx, events, schemaConfig)),
+      run(storeRuntime, Outbox.enqueueMany(trx, events)),
     relay: (config: Relay.RelayConfig = {}) => service(Relay.make(config)),
     inbox: (config: Inbox.InboxConfig) => service(Inbox.make(config)),
     /** Stops every started relay and inbox (gracefully), then closes pools and connections. */
     close: async () => {
       await Promise.all([...running].map((stop) => stop()))
       await runtime.dispose()
+      await storeRuntime.dispose()
     },
   }
 }

@@ -21,19 +21,20 @@
  *   never a turn of the event loop: a tight loop of statements keeps timers
  *   and other fibers waiting until it ends. Yield between iterations
  *   (`Effect.yieldNow`) when the relay and the inbox share the process.
- * - Slower than a server: measured on 2 CPUs shared with other jobs, about
- *   1 ms per relay claim or mark and 2 ms per inbox insert; `npm run demo`
- *   (2,000 orders) took 25–31 s end to end, 3–8 s of it creating the
- *   in-memory database (PGlite runs initdb each time).
+ * - Slower than a server, and each new in-memory database runs initdb
+ *   (figures: bench/README.md, "Design measurements: PGlite").
  */
 import { PGlite } from "@electric-sql/pglite"
 import { Effect, Layer, type Scope } from "effect"
 import { Kysely } from "kysely"
+import { validateConfig } from "../core/config.ts"
+import { classifyDbError } from "../core/dbErrors.ts"
+import { validateSchemaName } from "../core/identifier.ts"
 import { ConfigError, StoreError } from "../Errors.ts"
 import { Database, type DatabaseShape } from "../ports/Database.ts"
-import { classifyDbError } from "./dbErrors.ts"
-import { validateSchemaName } from "./identifier.ts"
+import type { TxboxStore } from "../ports/stores.ts"
 import { PgliteDialect, sessionLock } from "./pgliteDialect.ts"
+import { sqlStores } from "./storeLayer.ts"
 
 export interface PgliteStoreConfig {
   /**
@@ -90,7 +91,7 @@ export const make = (
   config: PgliteStoreConfig = {},
 ): Effect.Effect<DatabaseShape, ConfigError | StoreError, Scope.Scope> =>
   Effect.gen(function* () {
-    const v = yield* Effect.try({ try: () => validate(config), catch: (e) => e as ConfigError })
+    const v = yield* validateConfig(() => validate(config))
     const pglite = yield* open(config)
     const lock = sessionLock(pglite)
     const db = yield* Effect.acquireRelease(
@@ -114,11 +115,10 @@ export const make = (
     return {
       db,
       schema: v.schema,
-      driver: "pglite",
       listen: config.listen === false ? noListen : listen,
     } satisfies DatabaseShape
   })
 
-/** The embedded PGlite store as a layer providing `Database`. */
-export const layer = (config: PgliteStoreConfig = {}): Layer.Layer<Database, ConfigError | StoreError> =>
-  Layer.effect(Database, make(config))
+/** The embedded PGlite store as a layer: `Database`, the `OutboxStore` and `InboxStore` ports over it, and the schema setting. */
+export const layer = (config: PgliteStoreConfig = {}): Layer.Layer<TxboxStore, ConfigError | StoreError> =>
+  sqlStores(Layer.effect(Database, make(config)))

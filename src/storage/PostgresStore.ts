@@ -1,6 +1,6 @@
 /**
- * The PostgreSQL store: a Kysely instance over postgres.js (default) or
- * node-postgres, plus a LISTEN connection, as the `Database` port.
+ * The PostgreSQL store: a Kysely instance over node-postgres (default) or
+ * postgres.js, plus a LISTEN connection, as the `Database` port.
  *
  * Which driver survives what (see README "Drivers under faults"):
  * postgres.js 3.4.9 can throw an uncatchable TypeError from `nextWrite` when a
@@ -12,15 +12,26 @@ import { Kysely, PostgresDialect } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
 import pg from "pg"
 import postgres from "postgres"
+import { validateConfig } from "../core/config.ts"
+import { classifyDbError } from "../core/dbErrors.ts"
+import { validateSchemaName } from "../core/identifier.ts"
 import { ConfigError, redactUrls, type StoreError } from "../Errors.ts"
 import { Database, type DatabaseShape } from "../ports/Database.ts"
-import { classifyDbError } from "./dbErrors.ts"
-import { validateSchemaName } from "./identifier.ts"
+import type { TxboxStore } from "../ports/stores.ts"
+import { makeRetryPolicy, schedule } from "../Retry.ts"
+import { sqlStores } from "./storeLayer.ts"
 
 export interface PostgresStoreConfig {
   /** `postgres://user:pass@host:port/db`. Never logged; errors show it redacted. */
   readonly url: string
-  /** @default "postgres.js" */
+  /**
+   * The driver under Kysely. node-postgres is the default because it is the
+   * one that rides out faults: a backend that dies (a database restart,
+   * `pg_terminate_backend`) is an ordinary error, where postgres.js 3.4.9
+   * throws an uncatchable `TypeError` from `nextWrite` (a Node process exits;
+   * on Bun the connection can be left hanging) — see README "Drivers under faults".
+   * @default "pg"
+   */
   readonly driver?: "postgres.js" | "pg"
   /** Schema holding txbox's tables. @default "txbox" */
   readonly schema?: string
@@ -50,13 +61,39 @@ const validate = (config: PostgresStoreConfig) => {
   return {
     schema,
     poolSize,
-    driver: config.driver ?? "postgres.js",
+    driver: config.driver ?? "pg",
     timeout: config.connectTimeoutSeconds ?? 10,
   }
 }
 
-// Retry a lost LISTEN connection forever, gently: it only costs latency.
+// Retry a lost LISTEN connection gently: it only costs latency.
 const relisten = Schedule.exponential("200 millis").pipe(Schedule.jittered)
+// ... and forever once it was up, capped at 5 s between attempts.
+const relistenForever = schedule(makeRetryPolicy({ initialDelay: "200 millis", maxDelay: "5 seconds" }))
+
+/**
+ * Makes COMMIT of an aborted transaction fail instead of rolling back
+ * silently. PostgreSQL answers such a COMMIT with the command tag ROLLBACK,
+ * which node-postgres reports (`result.command`) and Kysely drops: read it
+ * here, where it costs nothing. Kysely commits with the plain text `commit`.
+ */
+const refuseAbortedCommit = (client: pg.PoolClient) => {
+  const query = client.query.bind(client) as (...args: ReadonlyArray<unknown>) => unknown
+  Object.assign(client, {
+    query: (...args: ReadonlyArray<unknown>) => {
+      const result = query(...args)
+      if (typeof args[0] !== "string" || args[0].trim().toLowerCase() !== "commit") return result
+      return Promise.resolve(result).then((answer) => {
+        if ((answer as { command?: unknown } | undefined)?.command === "ROLLBACK") {
+          throw Object.assign(new Error("COMMIT of an aborted transaction was answered with ROLLBACK"), {
+            code: "25P02",
+          })
+        }
+        return answer
+      })
+    },
+  })
+}
 
 const postgresJs = (config: PostgresStoreConfig, v: ReturnType<typeof validate>) =>
   Effect.gen(function* () {
@@ -64,7 +101,8 @@ const postgresJs = (config: PostgresStoreConfig, v: ReturnType<typeof validate>)
       max: v.poolSize,
       connect_timeout: v.timeout,
       onnotice: () => {},
-      connection: { application_name: "txbox" },
+      // Names the driver in pg_stat_activity, so an operator can tell which fault behaviour applies.
+      connection: { application_name: "txbox/postgres.js" },
     })
     const db = yield* Effect.acquireRelease(
       Effect.sync(() => new Kysely<unknown>({ dialect: new PostgresJSDialect({ postgres: client }) })),
@@ -88,45 +126,82 @@ const nodePostgres = (config: PostgresStoreConfig, v: ReturnType<typeof validate
       connectionString: config.url,
       max: v.poolSize,
       connectionTimeoutMillis: v.timeout * 1000,
-      application_name: "txbox",
+      application_name: "txbox/pg",
     })
     // An idle client whose backend dies emits 'error' on the pool; unhandled,
     // that would end the process. The next checkout gets a fresh client.
     pool.on("error", () => {})
+    // A checked-out client whose backend dies between two statements (a
+    // database restart mid-transaction) emits 'error' on the client itself,
+    // where the pool listens no more: on Node that ended the process (seen in
+    // the soak: "Unhandled 'error' event … Connection terminated unexpectedly").
+    // The statement in flight, or the next one, still fails with the error.
+    pool.on("connect", (client) => {
+      client.on("error", () => {})
+      refuseAbortedCommit(client)
+    })
     const db = yield* Effect.acquireRelease(
       Effect.sync(() => new Kysely<unknown>({ dialect: new PostgresDialect({ pool }) })),
       (db) => Effect.promise(() => db.destroy().catch(() => undefined)),
     )
+    // One LISTEN client at a time, kept by one fiber: connect, wait for it to end, connect again.
+    // (Reconnecting from the client's own `end` event chained a new client per failed attempt,
+    // each of which could later connect and stay open.)
     const listen = (channel: string, onNotify: () => void): Effect.Effect<void, StoreError, Scope.Scope> =>
       Effect.gen(function* () {
-        let closed = false
         let current: pg.Client | undefined
-        const connect = async (): Promise<void> => {
-          const client = new pg.Client({
-            connectionString: config.url,
-            connectionTimeoutMillis: v.timeout * 1000,
+        const connect = Effect.tryPromise({
+          try: async (signal) => {
+            const client = new pg.Client({
+              connectionString: config.url,
+              connectionTimeoutMillis: v.timeout * 1000,
+              application_name: "txbox/pg-listen",
+            })
+            client.on("error", () => {})
+            client.on("notification", () => onNotify())
+            try {
+              await client.connect()
+              await client.query(`LISTEN "${channel.replaceAll('"', '""')}"`)
+            } catch (error) {
+              await client.end().catch(() => undefined)
+              throw error
+            }
+            // Given up on while connecting (scope closed): never leave it open.
+            if (signal.aborted) {
+              await client.end().catch(() => undefined)
+              throw new Error("listen: abandoned")
+            }
+            current = client
+            return client
+          },
+          catch: (cause) => classifyDbError("listen", cause),
+        })
+        const ended = (client: pg.Client) =>
+          Effect.callback<void>((resume) => {
+            const done = () => resume(Effect.void)
+            client.once("end", done)
+            return Effect.sync(() => {
+              client.off("end", done)
+            })
           })
-          client.on("notification", () => onNotify())
-          client.on("error", () => {})
-          client.on("end", () => {
-            if (closed) return
-            // Reconnect in the background; a wake-up may be missed meanwhile, which polling covers.
-            onNotify()
-            setTimeout(() => void connect().catch(() => client.emit("end")), 500)
+        const serve = (first: pg.Client): Effect.Effect<never> =>
+          Effect.gen(function* () {
+            let client = first
+            while (true) {
+              yield* ended(client)
+              current = undefined
+              // A wake-up may have been missed while disconnected: let the loop look once.
+              onNotify()
+              client = yield* connect.pipe(Effect.retry({ schedule: relistenForever }), Effect.orDie)
+            }
           })
-          await client.connect()
-          await client.query(`LISTEN "${channel.replaceAll('"', '""')}"`)
-          current = client
-        }
-        yield* Effect.tryPromise({ try: connect, catch: (cause) => classifyDbError("listen", cause) }).pipe(
-          Effect.retry({ schedule: relisten, times: 5 }),
-        )
+        const first = yield* connect.pipe(Effect.retry({ schedule: relisten, times: 5 }))
         yield* Effect.addFinalizer(() =>
           Effect.promise(async () => {
-            closed = true
             await current?.end().catch(() => undefined)
           }),
         )
+        yield* Effect.forkScoped(serve(first))
       })
     return { db, listen }
   })
@@ -134,17 +209,21 @@ const nodePostgres = (config: PostgresStoreConfig, v: ReturnType<typeof validate
 /** Builds the `Database` service in the current scope; closing the scope closes the pool. */
 export const make = (config: PostgresStoreConfig): Effect.Effect<DatabaseShape, ConfigError, Scope.Scope> =>
   Effect.gen(function* () {
-    const v = yield* Effect.try({ try: () => validate(config), catch: (e) => e as ConfigError })
+    const v = yield* validateConfig(() => validate(config))
     const { db, listen } = v.driver === "pg" ? yield* nodePostgres(config, v) : yield* postgresJs(config, v)
     const noListen = (_channel: string, _onNotify: () => void) => Effect.void
     return {
       db,
       schema: v.schema,
-      driver: v.driver,
       listen: config.listen === false ? noListen : listen,
+      // node-postgres clients report an aborted COMMIT (refuseAbortedCommit); postgres.js does not.
+      commitRefusesAborted: v.driver === "pg",
     } satisfies DatabaseShape
   })
 
-/** The PostgreSQL store as a layer providing `Database`. */
-export const layer = (config: PostgresStoreConfig): Layer.Layer<Database, ConfigError> =>
-  Layer.effect(Database, make(config))
+/**
+ * The PostgreSQL store as a layer: the `Database`, the `OutboxStore` and
+ * `InboxStore` ports over it, and the schema `Outbox.enqueue` writes to.
+ */
+export const layer = (config: PostgresStoreConfig): Layer.Layer<TxboxStore, ConfigError> =>
+  sqlStores(Layer.effect(Database, make(config)))

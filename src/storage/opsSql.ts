@@ -4,17 +4,56 @@
  * the same tables as the relay and the consumers, so every write takes its
  * rows with SKIP LOCKED in bounded batches: an operator's command never makes
  * a relay wait, and never holds thousands of row locks for long.
+ *
+ * They are written with Kysely's builder over `TxboxDatabase`, so a renamed
+ * column or a misspelt status fails the type check; `sql` fragments are left
+ * only where the builder has no words for the SQL, each saying why.
  */
 import { Effect } from "effect"
-import { type RawBuilder, sql } from "kysely"
+import {
+  type Expression,
+  type ExpressionBuilder,
+  expressionBuilder,
+  type Kysely,
+  type RawBuilder,
+  type SqlBool,
+  sql,
+} from "kysely"
+import { classifyDbError } from "../core/dbErrors.ts"
 import type { StoreError } from "../Errors.ts"
 import type { DatabaseShape } from "../ports/Database.ts"
-import { classifyDbError } from "./dbErrors.ts"
+import type { InboxStatus, OutboxStatus as OutboxRowStatus, TxboxDatabase } from "../ports/tables.ts"
 
 const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
   Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(
     Effect.withSpan(`txbox.${operation}`),
   )
+
+/** txbox's tables in the configured schema (CTE names are left unqualified by `withSchema`). */
+const tables = (db: DatabaseShape) => (db.db as Kysely<TxboxDatabase>).withSchema(db.schema)
+
+// Builds the typed expressions that need no table in scope (casts of parameters).
+const eb0 = expressionBuilder<TxboxDatabase>()
+
+// Statuses are inlined as literals (`status = 'sent'`), never bound as
+// parameters: a generic plan of `status = $1` could not prove the partial
+// indexes' predicates (`WHERE status = 'sent'`, ...) and would lose them.
+// (Typed as the literal, so comparing an outbox status with 'processed' fails to compile.)
+const status = <S extends OutboxRowStatus | InboxStatus>(value: S): RawBuilder<S> => sql.lit(value)
+const PENDING = status("pending")
+const SENT = status("sent")
+const DEAD = status("dead")
+const PROCESSED = status("processed")
+
+// Parameters keep the casts they have always had (`$1::int` is spelt `cast($1 as
+// integer)`), so the statement fixes their types whichever driver binds them.
+const int4 = (n: number): Expression<number> => eb0.cast<number>(eb0.val(n), "integer")
+const timestamptz = (at: Date): Expression<Date> => eb0.cast<Date>(eb0.val(at.toISOString()), "timestamptz")
+// sql: Kysely has no interval arithmetic. The database's clock, so the client's never matters.
+const ago = (seconds: number): RawBuilder<Date> => sql<Date>`now() - ${seconds}::float8 * interval '1 second'`
+// sql: Kysely has no EXTRACT; the aggregate inside is still built (and checked) by Kysely.
+const epochSince = (aggregate: Expression<Date | null>) =>
+  sql<string | null>`EXTRACT(EPOCH FROM now() - ${aggregate})`
 
 // count(*) is bigint, which drivers hand back as a string.
 const int = (value: unknown): number => Number(value ?? 0)
@@ -34,6 +73,7 @@ export interface SchemaState {
  */
 export const schemaState = (db: DatabaseShape): Effect.Effect<SchemaState, StoreError> =>
   query("connect", async () => {
+    // sql: information_schema is not in TxboxDatabase (it describes txbox's tables, not the catalog).
     const result = await sql<{ schema_exists: boolean; tables: string[] | null }>`
       SELECT EXISTS (SELECT 1 FROM information_schema.schemata WHERE schema_name = ${db.schema}) AS schema_exists,
              (SELECT array_agg(table_name::text ORDER BY table_name) FROM information_schema.tables
@@ -74,35 +114,43 @@ export interface InboxConsumerStatus {
 /**
  * Outbox counts in one scan: GROUPING SETS gives the total, the per-type and
  * the per-tenant rows together, where three GROUP BY queries would read the
- * table three times. It is a full scan, sent rows included: 0.9 s for
- * 1,010,000 rows (20 types, 50 tenants) on a 2-core machine, against 85 ms for
- * a bare count(*). Retention (purge) is what keeps it short.
+ * table three times. It is a full scan, sent rows included, about ten times a
+ * bare count(*) (bench/README.md, "Design measurements: status"). Retention
+ * (purge) is what keeps it short.
  */
 export const outboxStatus = (db: DatabaseShape): Effect.Effect<OutboxStatus, StoreError> =>
   query("status.outbox", async () => {
-    const result = await sql<{
-      type: string | null
-      tenant_id: string | null
-      grouping: number
-      pending: string
-      due: string
-      in_flight: string
-      dead: string
-      sent: string
-      lag_seconds: string | null
-    }>`
-      SELECT type, tenant_id, GROUPING(type, tenant_id) AS grouping,
-        count(*) FILTER (WHERE status = 'pending') AS pending,
-        count(*) FILTER (WHERE status = 'pending' AND visible_at <= now()) AS due,
-        count(*) FILTER (WHERE status = 'pending' AND lock_token IS NOT NULL AND visible_at > now()) AS in_flight,
-        count(*) FILTER (WHERE status = 'dead') AS dead,
-        count(*) FILTER (WHERE status = 'sent') AS sent,
-        EXTRACT(EPOCH FROM now() - min(visible_at) FILTER (WHERE status = 'pending' AND visible_at <= now()))
-          AS lag_seconds
-      FROM ${sql.id(db.schema, "outbox")}
-      GROUP BY GROUPING SETS ((), (type), (tenant_id))
-      ORDER BY grouping, type, tenant_id NULLS FIRST`.execute(db.db)
-    const counts = (r: (typeof result.rows)[number]): OutboxCounts => ({
+    const rows = await tables(db)
+      .selectFrom("outbox")
+      .select((eb) => {
+        const pending = eb("status", "=", PENDING)
+        const due = eb.and([pending, eb("visible_at", "<=", eb.fn<Date>("now"))])
+        return [
+          "type",
+          "tenant_id",
+          // GROUPING is grammar rather than a function in PostgreSQL, but it is
+          // spelt like a call, so `fn` says it (and checks the column names).
+          eb.fn<number>("grouping", ["type", "tenant_id"]).as("grouping"),
+          eb.fn.countAll().filterWhere(pending).as("pending"),
+          eb.fn.countAll().filterWhere(due).as("due"),
+          eb.fn
+            .countAll()
+            .filterWhere(
+              eb.and([pending, eb("lock_token", "is not", null), eb("visible_at", ">", eb.fn<Date>("now"))]),
+            )
+            .as("in_flight"),
+          eb.fn.countAll().filterWhere("status", "=", DEAD).as("dead"),
+          eb.fn.countAll().filterWhere("status", "=", SENT).as("sent"),
+          epochSince(eb.fn.min("visible_at").filterWhere(due)).as("lag_seconds"),
+        ]
+      })
+      // sql: Kysely's groupBy has no GROUPING SETS.
+      .groupBy(sql`GROUPING SETS ((), (type), (tenant_id))`)
+      .orderBy("grouping")
+      .orderBy("type")
+      .orderBy("tenant_id", (ob) => ob.nullsFirst())
+      .execute()
+    const counts = (r: (typeof rows)[number]): OutboxCounts => ({
       pending: int(r.pending),
       due: int(r.due),
       in_flight: int(r.in_flight),
@@ -112,15 +160,15 @@ export const outboxStatus = (db: DatabaseShape): Effect.Effect<OutboxStatus, Sto
     })
     // GROUPING(type, tenant_id) is a bit mask of the columns *not* grouped on:
     // 3 = neither (the total), 1 = grouped by type, 2 = grouped by tenant.
-    const total = result.rows.find((r) => Number(r.grouping) === 3)
+    const total = rows.find((r) => Number(r.grouping) === 3)
     return {
       total: total
         ? counts(total)
         : { pending: 0, due: 0, in_flight: 0, dead: 0, sent: 0, lag_seconds: null },
-      by_type: result.rows
+      by_type: rows
         .filter((r) => Number(r.grouping) === 1)
         .map((r) => ({ type: r.type ?? "", ...counts(r) })),
-      by_tenant: result.rows
+      by_tenant: rows
         .filter((r) => Number(r.grouping) === 2)
         .map((r) => ({ tenant: r.tenant_id, ...counts(r) })),
     }
@@ -131,22 +179,21 @@ export const inboxStatus = (
   db: DatabaseShape,
 ): Effect.Effect<ReadonlyArray<InboxConsumerStatus>, StoreError> =>
   query("status.inbox", async () => {
-    const result = await sql<{
-      consumer: string
-      pending: string
-      processed: string
-      dead: string
-      oldest_pending_age_seconds: string | null
-    }>`
-      SELECT consumer,
-        count(*) FILTER (WHERE status = 'pending') AS pending,
-        count(*) FILTER (WHERE status = 'processed') AS processed,
-        count(*) FILTER (WHERE status = 'dead') AS dead,
-        EXTRACT(EPOCH FROM now() - min(received_at) FILTER (WHERE status = 'pending')) AS oldest_pending_age_seconds
-      FROM ${sql.id(db.schema, "inbox")}
-      GROUP BY consumer
-      ORDER BY consumer`.execute(db.db)
-    return result.rows.map((r) => ({
+    const rows = await tables(db)
+      .selectFrom("inbox")
+      .select((eb) => [
+        "consumer",
+        eb.fn.countAll().filterWhere("status", "=", PENDING).as("pending"),
+        eb.fn.countAll().filterWhere("status", "=", PROCESSED).as("processed"),
+        eb.fn.countAll().filterWhere("status", "=", DEAD).as("dead"),
+        epochSince(eb.fn.min("received_at").filterWhere("status", "=", PENDING)).as(
+          "oldest_pending_age_seconds",
+        ),
+      ])
+      .groupBy("consumer")
+      .orderBy("consumer")
+      .execute()
+    return rows.map((r) => ({
       consumer: r.consumer,
       pending: int(r.pending),
       processed: int(r.processed),
@@ -158,10 +205,8 @@ export const inboxStatus = (
 /** A point in time, relative to the database's clock (so the client's clock never matters) or absolute. */
 export type TimeBound = { readonly secondsAgo: number } | { readonly at: Date }
 
-const timeOf = (bound: TimeBound): RawBuilder<unknown> =>
-  "secondsAgo" in bound
-    ? sql`(now() - ${bound.secondsAgo}::float8 * interval '1 second')`
-    : sql`${bound.at.toISOString()}::timestamptz`
+const timeOf = (bound: TimeBound): Expression<Date> =>
+  "secondsAgo" in bound ? ago(bound.secondsAgo) : timestamptz(bound.at)
 
 /** Selects dead rows. Outbox rows are timed by `occurred_at`, inbox rows by `received_at` (their indexed columns). */
 export interface DeadFilter {
@@ -176,19 +221,31 @@ export interface DeadFilter {
   readonly until?: TimeBound
 }
 
-const deadWhere = (f: DeadFilter): RawBuilder<unknown> => {
-  const time = sql.ref(f.table === "outbox" ? "occurred_at" : "received_at")
-  const conditions: RawBuilder<unknown>[] = [sql`status = 'dead'`]
-  if (f.id !== undefined) {
-    conditions.push(f.table === "outbox" ? sql`id = ${f.id}::uuid` : sql`message_id = ${f.id}`)
+// One per table: the two share most columns, but not the id, the consumer or the time.
+const outboxDead =
+  (f: DeadFilter) =>
+  (eb: ExpressionBuilder<TxboxDatabase, "outbox">): Expression<SqlBool> => {
+    const conditions: Expression<SqlBool>[] = [eb("status", "=", DEAD)]
+    if (f.id !== undefined) conditions.push(eb("id", "=", eb.cast<string>(eb.val(f.id), "uuid")))
+    if (f.type !== undefined) conditions.push(eb("type", "=", f.type))
+    if (f.tenant !== undefined) conditions.push(eb("tenant_id", "=", f.tenant))
+    if (f.since !== undefined) conditions.push(eb("occurred_at", ">=", timeOf(f.since)))
+    if (f.until !== undefined) conditions.push(eb("occurred_at", "<", timeOf(f.until)))
+    return eb.and(conditions)
   }
-  if (f.type !== undefined) conditions.push(sql`type = ${f.type}`)
-  if (f.tenant !== undefined) conditions.push(sql`tenant_id = ${f.tenant}`)
-  if (f.consumer !== undefined && f.table === "inbox") conditions.push(sql`consumer = ${f.consumer}`)
-  if (f.since !== undefined) conditions.push(sql`${time} >= ${timeOf(f.since)}`)
-  if (f.until !== undefined) conditions.push(sql`${time} < ${timeOf(f.until)}`)
-  return sql.join(conditions, sql` AND `)
-}
+
+const inboxDead =
+  (f: DeadFilter) =>
+  (eb: ExpressionBuilder<TxboxDatabase, "inbox">): Expression<SqlBool> => {
+    const conditions: Expression<SqlBool>[] = [eb("status", "=", DEAD)]
+    if (f.id !== undefined) conditions.push(eb("message_id", "=", f.id))
+    if (f.type !== undefined) conditions.push(eb("type", "=", f.type))
+    if (f.tenant !== undefined) conditions.push(eb("tenant_id", "=", f.tenant))
+    if (f.consumer !== undefined) conditions.push(eb("consumer", "=", f.consumer))
+    if (f.since !== undefined) conditions.push(eb("received_at", ">=", timeOf(f.since)))
+    if (f.until !== undefined) conditions.push(eb("received_at", "<", timeOf(f.until)))
+    return eb.and(conditions)
+  }
 
 export interface DeadRow {
   readonly table: "outbox" | "inbox"
@@ -211,18 +268,43 @@ export const listDead = (
   limit: number,
 ): Effect.Effect<ReadonlyArray<DeadRow>, StoreError> =>
   query("dead.list", async () => {
-    const where = deadWhere(filter)
-    const result =
+    const rows: ReadonlyArray<Omit<DeadRow, "table">> =
       filter.table === "outbox"
-        ? await sql<Omit<DeadRow, "table">>`
-            SELECT id::text AS id, NULL::text AS consumer, type, tenant_id AS tenant, attempts, last_error, occurred_at AS time
-            FROM ${sql.id(db.schema, "outbox")} WHERE ${where}
-            ORDER BY occurred_at DESC, id DESC LIMIT ${limit}::int`.execute(db.db)
-        : await sql<Omit<DeadRow, "table">>`
-            SELECT message_id AS id, consumer, type, tenant_id AS tenant, attempts, last_error, received_at AS time
-            FROM ${sql.id(db.schema, "inbox")} WHERE ${where}
-            ORDER BY received_at DESC, message_id DESC, consumer LIMIT ${limit}::int`.execute(db.db)
-    return result.rows.map((r) => ({
+        ? await tables(db)
+            .selectFrom("outbox")
+            .select((eb) => [
+              eb.cast<string>("id", "text").as("id"),
+              eb.cast<string | null>(eb.lit(null), "text").as("consumer"),
+              "type",
+              "tenant_id as tenant",
+              "attempts",
+              "last_error",
+              "occurred_at as time",
+            ])
+            .where(outboxDead(filter))
+            // `id` here is the output column (the text cast), as it always was.
+            .orderBy("occurred_at", "desc")
+            .orderBy("id", "desc")
+            .limit(int4(limit))
+            .execute()
+        : await tables(db)
+            .selectFrom("inbox")
+            .select([
+              "message_id as id",
+              "consumer",
+              "type",
+              "tenant_id as tenant",
+              "attempts",
+              "last_error",
+              "received_at as time",
+            ])
+            .where(inboxDead(filter))
+            .orderBy("received_at", "desc")
+            .orderBy("message_id", "desc")
+            .orderBy("consumer")
+            .limit(int4(limit))
+            .execute()
+    return rows.map((r) => ({
       table: filter.table,
       ...r,
       attempts: int(r.attempts),
@@ -233,9 +315,19 @@ export const listDead = (
 /** How many dead rows match (what `dead redrive --dry-run` reports). */
 export const countDead = (db: DatabaseShape, filter: DeadFilter): Effect.Effect<number, StoreError> =>
   query("dead.count", async () => {
-    const result = await sql<{ n: string }>`
-      SELECT count(*) AS n FROM ${sql.id(db.schema, filter.table)} WHERE ${deadWhere(filter)}`.execute(db.db)
-    return int(result.rows[0]?.n)
+    const row =
+      filter.table === "outbox"
+        ? await tables(db)
+            .selectFrom("outbox")
+            .select((eb) => eb.fn.countAll().as("n"))
+            .where(outboxDead(filter))
+            .executeTakeFirst()
+        : await tables(db)
+            .selectFrom("inbox")
+            .select((eb) => eb.fn.countAll().as("n"))
+            .where(inboxDead(filter))
+            .executeTakeFirst()
+    return int(row?.n)
   })
 
 /**
@@ -251,29 +343,52 @@ export const redriveDead = (
   limit: number,
 ): Effect.Effect<number, StoreError> =>
   query("dead.redrive", async () => {
-    const where = deadWhere(filter)
     const result =
       filter.table === "outbox"
-        ? await sql`
-            WITH picked AS (
-              SELECT id FROM ${sql.id(db.schema, "outbox")} WHERE ${where}
-              LIMIT ${limit}::int FOR UPDATE SKIP LOCKED
+        ? await tables(db)
+            .with("picked", (qb) =>
+              qb
+                .selectFrom("outbox")
+                .select("id")
+                .where(outboxDead(filter))
+                .limit(int4(limit))
+                .forUpdate()
+                .skipLocked(),
             )
-            UPDATE ${sql.id(db.schema, "outbox")} AS o
-            SET status = 'pending', attempts = 0, visible_at = now(), lock_token = NULL
-            FROM picked WHERE o.id = picked.id AND o.status = 'dead'`.execute(db.db)
-        : await sql`
-            WITH picked AS (
-              SELECT message_id, consumer FROM ${sql.id(db.schema, "inbox")} WHERE ${where}
-              LIMIT ${limit}::int FOR UPDATE SKIP LOCKED
+            .updateTable("outbox as o")
+            .from("picked")
+            .set((eb) => ({
+              status: PENDING,
+              attempts: eb.lit(0),
+              visible_at: eb.fn("now"),
+              lock_token: eb.lit(null),
+            }))
+            .whereRef("o.id", "=", "picked.id")
+            .where("o.status", "=", DEAD)
+            .executeTakeFirst()
+        : await tables(db)
+            .with("picked", (qb) =>
+              qb
+                .selectFrom("inbox")
+                .select(["message_id", "consumer"])
+                .where(inboxDead(filter))
+                .limit(int4(limit))
+                .forUpdate()
+                .skipLocked(),
             )
-            UPDATE ${sql.id(db.schema, "inbox")} AS i
-            SET status = 'pending', attempts = 0, visible_at = now(), lock_token = NULL
-            FROM picked
-            WHERE i.message_id = picked.message_id AND i.consumer = picked.consumer AND i.status = 'dead'`.execute(
-            db.db,
-          )
-    return int(result.numAffectedRows)
+            .updateTable("inbox as i")
+            .from("picked")
+            .set((eb) => ({
+              status: PENDING,
+              attempts: eb.lit(0),
+              visible_at: eb.fn("now"),
+              lock_token: eb.lit(null),
+            }))
+            .whereRef("i.message_id", "=", "picked.message_id")
+            .whereRef("i.consumer", "=", "picked.consumer")
+            .where("i.status", "=", DEAD)
+            .executeTakeFirst()
+    return int(result.numUpdatedRows)
   })
 
 /**
@@ -283,9 +398,8 @@ export const redriveDead = (
  */
 export const cutoff = (db: DatabaseShape, olderThanSeconds: number): Effect.Effect<Date, StoreError> =>
   query("purge.cutoff", async () => {
-    const result = await sql<{ cutoff: Date | string }>`
-      SELECT now() - ${olderThanSeconds}::float8 * interval '1 second' AS cutoff`.execute(db.db)
-    return new Date(result.rows[0]!.cutoff)
+    const row = await tables(db).selectNoFrom(ago(olderThanSeconds).as("cutoff")).executeTakeFirstOrThrow()
+    return new Date(row.cutoff)
   })
 
 /**
@@ -294,9 +408,8 @@ export const cutoff = (db: DatabaseShape, olderThanSeconds: number): Effect.Effe
  * whatever the cutoff. ORDER BY makes the planner walk the partial
  * `outbox_sent` index from the oldest row: without it, when most rows
  * qualify it picks a sequential scan that restarts at the top of the heap on
- * every batch and wades through the tuples earlier batches deleted. Measured
- * on 1,000,000 sent rows, deleting the older half in batches of 5000: 8.1 s
- * with the index (about 80 ms a batch), 10.7 s with the sequential scan.
+ * every batch and wades through the tuples earlier batches deleted
+ * (bench/README.md, "Design measurements: purge").
  */
 export const purgeSent = (
   db: DatabaseShape,
@@ -304,16 +417,24 @@ export const purgeSent = (
   limit: number,
 ): Effect.Effect<number, StoreError> =>
   query("purge.outbox", async () => {
-    const t = sql.id(db.schema, "outbox")
-    const result = await sql`
-      WITH doomed AS (
-        SELECT id FROM ${t}
-        WHERE status = 'sent' AND published_at < ${before.toISOString()}::timestamptz
-        ORDER BY published_at
-        LIMIT ${limit}::int FOR UPDATE SKIP LOCKED
+    const result = await tables(db)
+      .with("doomed", (qb) =>
+        qb
+          .selectFrom("outbox")
+          .select("id")
+          .where("status", "=", SENT)
+          .where("published_at", "<", timestamptz(before))
+          .orderBy("published_at")
+          .limit(int4(limit))
+          .forUpdate()
+          .skipLocked(),
       )
-      DELETE FROM ${t} AS o USING doomed WHERE o.id = doomed.id AND o.status = 'sent'`.execute(db.db)
-    return int(result.numAffectedRows)
+      .deleteFrom("outbox as o")
+      .using("doomed")
+      .whereRef("o.id", "=", "doomed.id")
+      .where("o.status", "=", SENT)
+      .executeTakeFirst()
+    return int(result.numDeletedRows)
   })
 
 /** Deletes up to `limit` processed inbox rows processed before `before` (the partial `inbox_processed` index). */
@@ -323,17 +444,23 @@ export const purgeProcessed = (
   limit: number,
 ): Effect.Effect<number, StoreError> =>
   query("purge.inbox", async () => {
-    const t = sql.id(db.schema, "inbox")
-    const result = await sql`
-      WITH doomed AS (
-        SELECT message_id, consumer FROM ${t}
-        WHERE status = 'processed' AND processed_at < ${before.toISOString()}::timestamptz
-        ORDER BY processed_at
-        LIMIT ${limit}::int FOR UPDATE SKIP LOCKED
+    const result = await tables(db)
+      .with("doomed", (qb) =>
+        qb
+          .selectFrom("inbox")
+          .select(["message_id", "consumer"])
+          .where("status", "=", PROCESSED)
+          .where("processed_at", "<", timestamptz(before))
+          .orderBy("processed_at")
+          .limit(int4(limit))
+          .forUpdate()
+          .skipLocked(),
       )
-      DELETE FROM ${t} AS i USING doomed
-      WHERE i.message_id = doomed.message_id AND i.consumer = doomed.consumer AND i.status = 'processed'`.execute(
-      db.db,
-    )
-    return int(result.numAffectedRows)
+      .deleteFrom("inbox as i")
+      .using("doomed")
+      .whereRef("i.message_id", "=", "doomed.message_id")
+      .whereRef("i.consumer", "=", "doomed.consumer")
+      .where("i.status", "=", PROCESSED)
+      .executeTakeFirst()
+    return int(result.numDeletedRows)
   })

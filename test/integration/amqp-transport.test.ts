@@ -337,7 +337,7 @@ describe("subscribe", () => {
   const consumerConfig = (exchange: string): AmqpTransportConfig => ({ url: amqpUrl(), exchange })
   const track = (consumer: string) => {
     queues.push(`txbox.${consumer}`)
-    for (let attempt = 1; attempt <= 3; attempt++) queues.push(`txbox.${consumer}.retry.${attempt}`)
+    for (let attempt = 1; attempt <= 3; attempt++) queues.push(`txbox.${consumer}.delay.${attempt}`)
   }
 
   test("the handler sees the decoded Delivery, and Ack removes the message from the queue", async () => {
@@ -368,6 +368,7 @@ describe("subscribe", () => {
       type: "orders.order-placed",
       version: 2,
       body: message(1).body,
+      bodyBytes: Buffer.from(message(1).body),
       headers: {
         "cloudEvents:specversion": "1.0",
         "cloudEvents:id": message(1).id,
@@ -423,7 +424,7 @@ describe("subscribe", () => {
     expect(delay).toBeGreaterThanOrEqual(delayMs - 50)
     expect(delay).toBeLessThan(delayMs + 1500)
     await eventually(async () => expect(await readyCount(`txbox.${consumer}`)).toBe(0))
-    expect(await readyCount(`txbox.${consumer}.retry.1`)).toBe(0)
+    expect(await readyCount(`txbox.${consumer}.delay.1`)).toBe(0)
   })
 
   test("closing the subscription's scope waits for the handler in flight, which is then acked", async () => {

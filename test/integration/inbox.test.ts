@@ -259,6 +259,123 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
         await Promise.all([a.kill("SIGTERM"), b.kill("SIGTERM")])
       }
     })
+
+    // With each driver: the probe before COMMIT must see the aborted transaction on both.
+    for (const driver of ["pg", "postgres.js"] as const) {
+      test(`${driver}: a handler that catches a failed statement is retried, then dead with a clear reason, never acked as done`, async () => {
+        const exchange = uniqueName(`inbox-swallow-${mode}`)
+        const consumer = uniqueName(`swallow-${mode}`)
+        // The common habit: try { await trx.insertInto(...) } catch {} — the statement failed, the
+        // transaction is aborted, and COMMIT would silently roll back.
+        const swallowing = Inbox.handler(Note, ({ payload, envelope, trx }) =>
+          Effect.promise(async () => {
+            await sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
+              trx,
+            )
+            try {
+              await sql`INSERT INTO no_such_table VALUES (1)`.execute(trx)
+            } catch {}
+          }),
+        )
+        const runtime = ManagedRuntime.make(
+          Inbox.layer({
+            consumer,
+            mode,
+            pollInterval: "100 millis",
+            retry: { initialDelay: "100 millis", maxDelay: "300 millis", maxAttempts: 3 },
+            handlers: [swallowing],
+          }).pipe(
+            Layer.provide(
+              Layer.mergeAll(
+                storeLayer(t.url, { driver }),
+                Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })),
+              ),
+            ),
+          ),
+        )
+        await runtime.runPromise(Effect.void)
+        try {
+          const message = note("swallowed")
+          await publish(exchange, [message])
+          await eventually(
+            "the message is dead",
+            async () => (await inboxRow(consumer, message.id))?.status === "dead",
+          )
+          const row = await inboxRow(consumer, message.id)
+          expect(row?.attempts).toBe(3)
+          expect(row?.last_error).toContain("its error was caught")
+          expect(row?.last_error).toContain("(after 3 attempts)")
+          expect((await effectsOf(consumer)).size).toBe(0) // nothing half-applied
+        } finally {
+          await runtime.dispose()
+        }
+      })
+    }
+
+    test("a body and a header with NUL bytes, and a payload with a \\u0000 escape, become dead rows with the bytes kept", async () => {
+      const exchange = uniqueName(`inbox-nul-${mode}`)
+      const consumer = uniqueName(`nul-${mode}`)
+      const runtime = startInbox(exchange, { consumer, mode })
+      await runtime.runPromise(Effect.void)
+      const connection = await amqp.connect(amqpUrl())
+      const channel = await connection.createConfirmChannel()
+      try {
+        const send = (body: Buffer, options: amqp.Options.Publish) =>
+          new Promise<void>((resolve, reject) =>
+            channel.publish(exchange, Note.type, body, options, (err) => (err ? reject(err) : resolve())),
+          )
+        const ids = { binary: uuidv7(), header: uuidv7(), escape: uuidv7(), fine: uuidv7() }
+        const binary = Buffer.from([0x00, 0xff, 0xfe, 0x41, 0x00])
+        await send(binary, { messageId: ids.binary, type: Note.type, headers: { "txbox-version": 1 } })
+        await send(Buffer.from('{"note":"nul in a header"}'), {
+          messageId: ids.header,
+          type: Note.type,
+          headers: { "txbox-version": 1, "x-odd": "a\u0000b" },
+        })
+        await send(Buffer.from('{"note":"a\\u0000b"}'), {
+          messageId: ids.escape,
+          type: Note.type,
+          headers: { "txbox-version": 1 },
+        })
+        await send(Buffer.from('{"note":"fine"}'), {
+          messageId: ids.fine,
+          type: Note.type,
+          headers: { "txbox-version": 1 },
+        })
+        await eventually("the fine message behind them is applied", async () =>
+          (await effectsOf(consumer)).has(ids.fine),
+        )
+        await eventually(
+          "the binary body is dead",
+          async () => (await inboxRow(consumer, ids.binary))?.status === "dead",
+        )
+        expect((await inboxRow(consumer, ids.binary))?.raw).toBe(`base64:${binary.toString("base64")}`)
+        // A NUL in a header is stored as base64; the message itself is fine and is applied.
+        await eventually("the header message is applied", async () =>
+          (await effectsOf(consumer)).has(ids.header),
+        )
+        const headers = (
+          await sql<{ headers: Record<string, string> }>`
+            SELECT headers FROM txbox.inbox WHERE consumer = ${consumer} AND message_id = ${ids.header}`.execute(
+            t.db,
+          )
+        ).rows[0]?.headers
+        expect(headers?.["x-odd"]).toBe(`base64:${Buffer.from("a\u0000b").toString("base64")}`)
+        // jsonb refuses \u0000: dead at once, the text kept in raw.
+        await eventually(
+          "the escape payload is dead",
+          async () => (await inboxRow(consumer, ids.escape))?.status === "dead",
+        )
+        const escaped = await inboxRow(consumer, ids.escape)
+        expect(escaped?.raw).toBe('{"note":"a\\u0000b"}')
+        expect(escaped?.last_error).toContain("(data)")
+        expect((await effectsOf(consumer)).has(ids.escape)).toBe(false)
+      } finally {
+        await channel.close().catch(() => {})
+        await connection.close().catch(() => {})
+        await runtime.dispose()
+      }
+    })
   })
 }
 

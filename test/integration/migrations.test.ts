@@ -5,8 +5,8 @@ import { Kysely, sql } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
 import { Database } from "../../src/ports/Database.ts"
-import { migrate, pending } from "../../src/storage/Migrator.ts"
 import { migrations } from "../../src/storage/migrations.generated.ts"
+import { migrate, pending } from "../../src/storage/migrator.ts"
 import * as PostgresStore from "../../src/storage/PostgresStore.ts"
 import { createTestDatabase, type TestDatabase } from "../support/db.ts"
 
@@ -95,7 +95,7 @@ describe("the PostgreSQL store", () => {
     Number(
       (
         await sql<{ n: string }>`
-          SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'txbox' AND datname = ${test_db.name}`.execute(
+          SELECT count(*) AS n FROM pg_stat_activity WHERE application_name LIKE 'txbox/%' AND datname = ${test_db.name}`.execute(
           db,
         )
       ).rows[0]!.n,
@@ -106,10 +106,13 @@ describe("the PostgreSQL store", () => {
       const program = Effect.gen(function* () {
         const store = yield* Database
         const result = yield* Effect.promise(() =>
-          sql<{ v: string }>`SELECT version() AS v`.execute(store.db),
+          sql<{
+            v: string
+            app: string
+          }>`SELECT version() AS v, current_setting('application_name') AS app`.execute(store.db),
         )
         expect(result.rows[0]!.v).toContain("PostgreSQL")
-        expect(store.driver).toBe(driver)
+        expect(result.rows[0]!.app).toBe(`txbox/${driver}`)
         return yield* Effect.promise(connectionsNamedTxbox)
       })
       const open = await Effect.runPromise(

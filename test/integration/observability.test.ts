@@ -129,7 +129,8 @@ test("health reports ready while the broker is connected, and not ready while it
       }),
     )
     await eventually("relay ready", async () => (await Effect.runPromise(handles.relay.health)).ready)
-    expect((await Effect.runPromise(handles.inbox.health)).ready).toBe(true)
+    // Ready once its processor has completed a first cycle, too.
+    await eventually("inbox ready", async () => (await Effect.runPromise(handles.inbox.health)).ready)
     proxy.block()
     await eventually("relay not ready", async () => !(await Effect.runPromise(handles.relay.health)).ready)
     expect((await Effect.runPromise(handles.relay.health)).brokerConnected).toBe(false)

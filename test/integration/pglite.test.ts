@@ -12,13 +12,17 @@ import * as v from "valibot"
 import { defineEvent } from "../../src/Contract.ts"
 import * as Inbox from "../../src/Inbox.ts"
 import * as Outbox from "../../src/Outbox.ts"
-import { Database } from "../../src/ports/Database.ts"
+import { Database, TxboxSchema } from "../../src/ports/Database.ts"
 import * as Relay from "../../src/Relay.ts"
-import { migrate } from "../../src/storage/Migrator.ts"
 import { migrations } from "../../src/storage/migrations.generated.ts"
+import { migrate } from "../../src/storage/migrator.ts"
 import * as PgliteStore from "../../src/storage/PgliteStore.ts"
 import { PgliteDialect } from "../../src/storage/pgliteDialect.ts"
 import * as MemoryTransport from "../../src/transport/memory/MemoryTransport.ts"
+
+/** Runs an enqueue as under a store layer whose schema is `schema`. */
+const inSchema = <A, E>(schema: string, effect: Effect.Effect<A, E>) =>
+  Effect.provideService(effect, TxboxSchema, schema)
 
 const Ping = defineEvent({
   type: "test.ping",
@@ -70,15 +74,13 @@ describe("PGlite store", () => {
     const rolledBack = await db
       .transaction()
       .execute(async (trx) => {
-        const m = await Effect.runPromise(Outbox.enqueue(trx, Ping, { n: 1, note: null }, { schema: "enq" }))
+        const m = await Effect.runPromise(inSchema("enq", Outbox.enqueue(trx, Ping, { n: 1, note: null })))
         throw Object.assign(new Error("roll back on purpose"), { id: m.id })
       })
       .catch((e: { id: string }) => e.id)
     const committed = await db
       .transaction()
-      .execute((trx) =>
-        Effect.runPromise(Outbox.enqueue(trx, Ping, { n: 2, note: "kept" }, { schema: "enq" })),
-      )
+      .execute((trx) => Effect.runPromise(inSchema("enq", Outbox.enqueue(trx, Ping, { n: 2, note: "kept" }))))
     const rows = await sql<{ id: string; payload: { n: number; note: string } }>`
       SELECT id, payload FROM enq.outbox`.execute(db)
     expect(rows.rows).toEqual([{ id: committed.id, payload: { n: 2, note: "kept" } }])
@@ -127,7 +129,7 @@ describe("PGlite store", () => {
       Effect.provide(
         Effect.gen(function* () {
           const store = yield* Database
-          expect(store.driver).toBe("pglite")
+          expect(store.schema).toBe("txbox")
           opened = store.db
           yield* Effect.promise(() => sql`SELECT 1`.execute(store.db))
         }),
@@ -199,7 +201,9 @@ describe("relay and inbox on PGlite", () => {
       await Bun.sleep(200) // the relay's first (empty) claim is done; it now waits for a minute or a NOTIFY
       await db
         .transaction()
-        .execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Ping, { n: 1, note: null }, { schema })))
+        .execute((trx) =>
+          Effect.runPromise(inSchema(schema, Outbox.enqueue(trx, Ping, { n: 1, note: null }))),
+        )
       await eventually("the event is published", async () => broker.stats().published === 1, 5_000)
     } finally {
       await runtime.dispose()
@@ -242,13 +246,15 @@ describe("relay and inbox on PGlite", () => {
       for (let batch = 0; batch < total / 30; batch++) {
         await db.transaction().execute((trx) =>
           Effect.runPromise(
-            Outbox.enqueueMany(
-              trx,
-              Array.from({ length: 30 }, (_, i) => ({
-                contract: Ping,
-                payload: { n: batch * 30 + i, note: null },
-              })),
-              { schema },
+            inSchema(
+              schema,
+              Outbox.enqueueMany(
+                trx,
+                Array.from({ length: 30 }, (_, i) => ({
+                  contract: Ping,
+                  payload: { n: batch * 30 + i, note: null },
+                })),
+              ),
             ),
           ),
         )

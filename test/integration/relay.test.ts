@@ -179,6 +179,8 @@ describe("relay", () => {
       expect(seen.counts.has(id!)).toBe(false)
       await eventually("the delayed message arrives", async () => seen.counts.has(id!), 10_000)
       expect(Date.now() - committedAt).toBeGreaterThanOrEqual(1500)
+      // The broker may hand the message on before the relay's mark commits.
+      await eventually("the row is marked sent", async () => (await rowsOf([id!]))[0]?.status === "sent")
       const row = await sql<{ gap: number }>`
         SELECT extract(epoch FROM published_at - occurred_at) * 1000 AS gap FROM txbox.outbox WHERE id = ${id!}::uuid`.execute(
         t.db,
@@ -216,7 +218,7 @@ describe("relay", () => {
     }
   })
 
-  test("with the broker unreachable rows stay pending with growing attempts, then drain when it returns", async () => {
+  test("with the broker unreachable rows stay pending with their attempts unspent, then drain when it returns", async () => {
     const exchange = uniqueName("relay-outage")
     const seen = await collect(amqpUrl(), exchange)
     const target = new URL(amqpUrl())
@@ -226,15 +228,11 @@ describe("relay", () => {
     const relay = startRelay(exchange, {}, proxy.urlFor(amqpUrl()))
     await relay.runPromise(Effect.void)
     try {
-      await eventually("attempts grow while the broker is away", async () =>
-        (await rowsOf(ids)).every((r) => r.attempts >= 2),
-      )
+      // Several outage back-offs of the relay's loop (50 → 500 ms) pass.
+      await Bun.sleep(2500)
       const during = await rowsOf(ids)
-      expect(during.every((r) => r.status === "pending")).toBe(true)
-      // Backoff pushed them into the future, and a message's attempts never make it dead during an outage.
-      expect(during.some((r) => r.visible_at.getTime() > Date.now() - 1000)).toBe(true)
-      await Bun.sleep(1500)
-      expect((await rowsOf(ids)).every((r) => r.status === "pending")).toBe(true)
+      // An outage is not the message's fault: no attempt spent, nothing dead, nothing left claimed.
+      expect(during.every((r) => r.status === "pending" && r.attempts === 0)).toBe(true)
       proxy.unblock()
       await eventually("every message arrives after the outage", async () =>
         ids.every((id) => seen.counts.has(id)),

@@ -24,6 +24,8 @@ export interface LocalPostgres {
   readonly dir: string
   /** `pg_ctl restart -m fast`: same port, same URL; open connections are cut. */
   restart(): Promise<void>
+  /** An outage: `pg_ctl stop -m fast`, `ms` with no server, then start again on the same port. */
+  outage(ms: number): Promise<void>
   /** `pg_ctl stop -m immediate`, then removes the dir. Safe to call twice. */
   stop(): Promise<void>
   /** Synchronous `stop` for process exit hooks, where promises no longer run. */
@@ -119,6 +121,11 @@ export async function startLocalPostgres(options: LocalPostgresOptions = {}): Pr
       dir,
       restart: async () => {
         await pgCtlRun(["-l", log, "-m", "fast", "-w", "-t", "60", "restart"])
+      },
+      outage: async (ms) => {
+        await pgCtlRun(["-m", "fast", "-w", "-t", "60", "stop"])
+        await new Promise((resolve) => setTimeout(resolve, ms))
+        await pgCtlRun(["-l", log, "-w", "-t", "60", "start"])
       },
       stop: () => {
         stopped ??= pgCtlRun(["-m", "immediate", "-w", "stop"], 30_000)

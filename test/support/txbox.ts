@@ -4,8 +4,8 @@ import { Effect, Layer, ManagedRuntime } from "effect"
 import { Kysely, sql } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
-import type { Database } from "../../src/ports/Database.ts"
-import { migrate } from "../../src/storage/Migrator.ts"
+import type { TxboxStore } from "../../src/ports/stores.ts"
+import { migrate } from "../../src/storage/migrator.ts"
 import * as PostgresStore from "../../src/storage/PostgresStore.ts"
 import { createTestDatabase, type TestDatabase } from "./db.ts"
 
@@ -40,8 +40,9 @@ export const migratedDatabase = async (prefix: string, schema = "txbox"): Promis
 export const storeLayer = (
   url: string,
   options: { driver?: "postgres.js" | "pg"; schema?: string; poolSize?: number } = {},
-): Layer.Layer<Database> =>
-  Layer.orDie(PostgresStore.layer({ url, driver: options.driver ?? "postgres.js", ...options }))
+): Layer.Layer<TxboxStore> =>
+  // No driver given: the library's default, which is what users run.
+  Layer.orDie(PostgresStore.layer({ url, ...options }))
 
 /** A runtime over `layer` for a test; dispose it to close pools and stop loops. */
 export const runtimeOf = <R, E>(layer: Layer.Layer<R, E>) => ManagedRuntime.make(layer)

@@ -109,6 +109,7 @@ describe("decodeDelivery", () => {
       type: "orders.order-placed",
       version: 3,
       body: outgoing().body,
+      bodyBytes: content,
       headers: {
         "cloudEvents:specversion": "1.0",
         "cloudEvents:id": "0190a0b0-0000-7000-8000-000000000001",
@@ -135,6 +136,7 @@ describe("decodeDelivery", () => {
       type: undefined,
       version: undefined,
       body: "hello",
+      bodyBytes: Buffer.from("hello"),
       headers: {},
       partitionKey: undefined,
       tenantId: undefined,

@@ -1,6 +1,5 @@
 import { describe, expect, test } from "bun:test"
 import { Duration, Effect, Schedule } from "effect"
-import { decide } from "../../src/core/decide.ts"
 import { baseDelayMillis, delayFor, makeRetryPolicy, schedule } from "../../src/Retry.ts"
 
 const policy = makeRetryPolicy({
@@ -39,26 +38,6 @@ describe("retry policy", () => {
     expect(() => makeRetryPolicy({ maxAttempts: 0 })).toThrow(/maxAttempts/)
     expect(() => makeRetryPolicy({ factor: 0.5 })).toThrow(/factor/)
     expect(() => makeRetryPolicy({ initialDelay: "2 seconds", maxDelay: "1 second" })).toThrow(/maxDelay/)
-  })
-})
-
-describe("relay decisions", () => {
-  const row = { id: "r", attempts: 0 }
-  test("a confirmed message is sent", () => {
-    expect(decide(row, { _tag: "Confirmed" }, policy)).toEqual({ id: "r", status: "sent" })
-  })
-  test("a returned message is retried with backoff, then dead at maxAttempts", () => {
-    const first = decide(row, { _tag: "Returned", error: "NO_ROUTE" }, policy, () => 0.5)
-    expect(first).toEqual({ id: "r", status: "pending", delayMs: 100, error: "NO_ROUTE" })
-    const last = decide({ id: "r", attempts: 3 }, { _tag: "Returned", error: "NO_ROUTE" }, policy)
-    expect(last.status).toBe("dead")
-    expect(last.status === "dead" && last.error).toContain("after 4 attempts")
-  })
-  test("an outage never makes a message dead, however many attempts", () => {
-    const m = decide({ id: "r", attempts: 99 }, { _tag: "Interrupted", error: "ECONNREFUSED" }, policy)
-    expect(m.status).toBe("pending")
-  })
-  test("a message the broker can never take is dead at once", () => {
-    expect(decide(row, { _tag: "Rejected", error: "too large" }, policy).status).toBe("dead")
+    expect(() => makeRetryPolicy({ initialDelay: "soon" as Duration.Input })).toThrow(/retry\.initialDelay/)
   })
 })

@@ -133,6 +133,7 @@ export const decodeDelivery = (message: Message): Delivery => {
     type: optionalString(properties.type) ?? optionalString(raw[Headers.type]),
     version,
     body: Buffer.isBuffer(message.content) ? message.content.toString("utf8") : "",
+    ...(Buffer.isBuffer(message.content) ? { bodyBytes: message.content } : {}),
     headers,
     partitionKey: optionalString(raw[Headers.partitionKey]),
     tenantId: optionalString(raw[Headers.tenantId]),

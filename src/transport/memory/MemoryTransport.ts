@@ -6,7 +6,7 @@
  * duplicate deliveries, lost acks (a processed message is delivered again),
  * and failed publishes.
  */
-import { Effect, Layer, Queue } from "effect"
+import { Effect, Layer, Queue, type Scope } from "effect"
 import { TransportError } from "../../Errors.ts"
 import {
   type Delivery,
@@ -122,16 +122,29 @@ export const makeBroker = (options: MemoryTransportOptions = {}): MemoryBroker =
       return Effect.succeed(outcomes)
     })
 
-  const settle = (queue: MemoryQueue, entry: Entry, decision: DeliveryDecision) => {
+  /** Acks or schedules the retry. The delay runs on Effect's Clock (TestClock in unit tests), in the subscription's scope. */
+  const settle = (queue: MemoryQueue, entry: Entry, decision: DeliveryDecision, scope: Scope.Scope) => {
     if (decision._tag === "Retry") {
-      setTimeout(
-        () => push(queue, { ...entry, attempt: entry.attempt + 1, redelivered: false }),
-        decision.delayMs,
+      const again = {
+        ...entry,
+        attempt: entry.attempt + (decision.spendsAttempt === false ? 0 : 1),
+        redelivered: false,
+      }
+      return Effect.asVoid(
+        Effect.forkIn(
+          Effect.andThen(
+            Effect.sleep(decision.delayMs),
+            Effect.sync(() => push(queue, again)),
+          ),
+          scope,
+        ),
       )
-    } else if (chance(faults.lostAckRate)) {
+    }
+    if (chance(faults.lostAckRate)) {
       stats.acksLost++
       push(queue, { ...entry, redelivered: true })
     }
+    return Effect.void
   }
 
   const subscribe = (
@@ -140,6 +153,7 @@ export const makeBroker = (options: MemoryTransportOptions = {}): MemoryBroker =
   ) =>
     Effect.gen(function* () {
       const queue = declare(opts.consumer, opts.types)
+      const scope = yield* Effect.scope
       const worker = Effect.gen(function* () {
         while (true) {
           const entry = yield* Queue.take(queue.items)
@@ -151,7 +165,7 @@ export const makeBroker = (options: MemoryTransportOptions = {}): MemoryBroker =
                 stats.duplicatesInjected++
                 push(queue, { ...entry, redelivered: true })
               }
-              settle(queue, entry, yield* handle(toDelivery(entry)))
+              yield* settle(queue, entry, yield* handle(toDelivery(entry)), scope)
             }),
           )
         }

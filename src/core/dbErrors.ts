@@ -39,6 +39,10 @@ export const classifyDbError = (operation: string, cause: unknown): StoreError =
       reason = "connection"
     } else if (code === "40001" || code === "40P01") reason = "serialization"
     else if (code.startsWith("23")) reason = "constraint"
+    // 22021 invalid byte sequence (a NUL in text), 22P05 unsupported Unicode escape (\u0000 in jsonb).
+    else if (code === "22021" || code === "22P05") reason = "data"
+    // 25P02: current transaction is aborted, commands ignored until end of transaction block.
+    else if (code === "25P02") reason = "aborted"
   }
   if (reason === "query" && CONNECTION_MESSAGES.test(message)) reason = "connection"
   return new StoreError({ reason, operation, cause })

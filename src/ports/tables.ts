@@ -1,4 +1,4 @@
-/** Kysely types for txbox's tables (migrations/*.sql are the source of truth). */
+/** Kysely types for txbox's tables (migrations/*.sql are the source of truth): the shape every SQL statement, store adapter and enqueue is typed against. */
 import type { ColumnType, Generated } from "kysely"
 
 type Timestamp = ColumnType<Date, Date | string | undefined, Date | string>

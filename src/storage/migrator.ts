@@ -9,10 +9,12 @@
  *   at commit, so nothing session-level survives for PgBouncer to trip on);
  *   the second process waits, then finds nothing left to do.
  */
+
 import { Effect } from "effect"
 import { type Kysely, sql } from "kysely"
+import { validateConfig } from "../core/config.ts"
+import { quoteIdent, validateSchemaName } from "../core/identifier.ts"
 import { type ConfigError, StoreError } from "../Errors.ts"
-import { quoteIdent, validateSchemaName } from "./identifier.ts"
 import { migrations as embedded } from "./migrations.generated.ts"
 import { splitStatements } from "./sqlSplit.ts"
 
@@ -131,4 +133,4 @@ export const pending = (
 const rollback = Symbol("rollback")
 
 const schemaOf = (options: { readonly schema?: string }) =>
-  Effect.try({ try: () => validateSchemaName(options.schema ?? "txbox"), catch: (e) => e as ConfigError })
+  validateConfig(() => validateSchemaName(options.schema ?? "txbox"))

@@ -1,0 +1,113 @@
+/**
+ * From a raw delivery to either a handler with a validated payload, or a row
+ * that can only be recorded dead (no id, no type, unknown contract, invalid
+ * payload, a dedupe key function that threw). Pure but for hashing.
+ */
+import { Effect } from "effect"
+import { decode, type Registry } from "../Contract.ts"
+import type { InboxRow } from "../ports/InboxStore.ts"
+import type { Delivery } from "../ports/Transport.ts"
+import { describe, type Envelope, type Handler } from "./handler.ts"
+import { storableBody, storableRow } from "./storable.ts"
+
+export type Decoded =
+  | {
+      readonly _tag: "Ok"
+      readonly handler: Handler
+      readonly payload: unknown
+      readonly row: InboxRow
+      readonly envelope: Envelope
+    }
+  | { readonly _tag: "Bad"; readonly row: InboxRow }
+
+const sha256Hex = (text: string) =>
+  Effect.promise(async () => {
+    const digest = await globalThis.crypto.subtle.digest("SHA-256", new TextEncoder().encode(text))
+    return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("")
+  })
+
+/** The handlers of one consumer, by `type@version`. */
+export type HandlerIndex = ReadonlyMap<string, Handler>
+
+export const indexHandlers = (handlers: ReadonlyArray<Handler>): HandlerIndex =>
+  new Map(handlers.map((h) => [`${h.contract.type}@${h.contract.version}`, h]))
+
+/** `attempts` is what the row records as tries made (the delivery's attempt, or 0 when only stored). */
+export const decodeDelivery = (
+  registry: Registry,
+  handlers: HandlerIndex,
+  consumer: string,
+  delivery: Delivery,
+  attempts: number,
+): Effect.Effect<Decoded> =>
+  Effect.gen(function* () {
+    const base = {
+      consumer,
+      type: delivery.type ?? null,
+      version: delivery.version ?? null,
+      // Made storable (NULs) once, with the rest of the row, by storableRow below.
+      headers: delivery.headers,
+      partitionKey: delivery.partitionKey ?? null,
+      tenantId: delivery.tenantId ?? null,
+      attempts,
+    }
+    const bad = (key: string, reason: string): Decoded => ({
+      _tag: "Bad",
+      row: storableRow({
+        ...base,
+        key,
+        payload: null,
+        raw: storableBody(delivery.body, delivery.bodyBytes),
+        lastError: reason,
+      }),
+    })
+    // A message without an id still gets a stable key, so its redeliveries collapse into one dead row.
+    const messageId =
+      delivery.messageId ?? `missing-id:${yield* sha256Hex(`${delivery.type}\n${delivery.body}`)}`
+    if (delivery.messageId === undefined) return bad(messageId, "message has no message id")
+    if (delivery.type === undefined) return bad(messageId, "message has no type")
+    const contract = yield* Effect.result(registry.resolve(delivery.type, delivery.version))
+    if (contract._tag === "Failure") return bad(messageId, contract.failure.message)
+    const payload = yield* Effect.result(decode(contract.success, delivery.body))
+    if (payload._tag === "Failure") return bad(messageId, payload.failure.message)
+    const handler = handlers.get(`${contract.success.type}@${contract.success.version}`)!
+    const envelopeBase = {
+      id: messageId,
+      type: contract.success.type,
+      version: contract.success.version,
+      headers: delivery.headers,
+      partitionKey: delivery.partitionKey,
+      tenantId: delivery.tenantId,
+      attempt: delivery.attempt,
+    }
+    let dedupeKey = messageId
+    if (handler.dedupeKey) {
+      try {
+        // Scoped by type: two handlers of one consumer keyed by the same business id (an order's
+        // OrderPlaced and OrderPaid) must not collide in the inbox.
+        dedupeKey = `${contract.success.type}:${String(handler.dedupeKey(payload.success, envelopeBase))}`
+      } catch (error) {
+        return bad(messageId, `dedupeKey threw: ${describe(error)}`)
+      }
+    }
+    return {
+      _tag: "Ok",
+      handler,
+      payload: payload.success,
+      envelope: { ...envelopeBase, dedupeKey },
+      row: storableRow({ ...base, key: dedupeKey, payload: delivery.body, raw: null, lastError: null }),
+    }
+  })
+
+/** A stored row as the delivery it came from, for the processor: its attempt is the try about to be made. */
+export const rowAsDelivery = (row: InboxRow): Delivery => ({
+  messageId: row.key,
+  type: row.type ?? undefined,
+  version: row.version ?? undefined,
+  body: row.payload ?? row.raw ?? "",
+  headers: row.headers,
+  partitionKey: row.partitionKey ?? undefined,
+  tenantId: row.tenantId ?? undefined,
+  attempt: row.attempts + 1,
+  redelivered: false,
+})

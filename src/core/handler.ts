@@ -1,0 +1,103 @@
+/**
+ * Inbox handlers: what a service registers per contract, what a handler is
+ * given, and how one runs (its span, its duration metric, its failure as a
+ * value the verdict rule reads).
+ */
+import { Cause, Effect } from "effect"
+import type { Transaction } from "kysely"
+import type { AnyContract, PayloadOf } from "../Contract.ts"
+import * as Metrics from "../Metrics.ts"
+import { parentFromTraceparent } from "./trace.ts"
+
+/** What a handler knows about the message besides its payload. */
+export interface Envelope {
+  readonly id: string
+  /** The inbox key: the message id, or the contract's business key. */
+  readonly dedupeKey: string
+  readonly type: string
+  readonly version: number
+  readonly headers: Readonly<Record<string, string>>
+  readonly partitionKey: string | undefined
+  readonly tenantId: string | undefined
+  /** 1 on the first try; grows with each retry. */
+  readonly attempt: number
+}
+
+export interface HandlerContext<A> {
+  readonly payload: A
+  readonly envelope: Envelope
+  /** The transaction the inbox row is written in: write your effects with it. */
+  // biome-ignore lint/suspicious/noExplicitAny: the service's own database type; annotate in the handler
+  readonly trx: Transaction<any>
+}
+
+export interface Handler {
+  readonly contract: AnyContract
+  readonly handle: (context: HandlerContext<unknown>) => Effect.Effect<void, unknown>
+  readonly dedupeKey: ((payload: unknown, envelope: Omit<Envelope, "dedupeKey">) => string) | undefined
+}
+
+/**
+ * Registers a handler for one contract. `dedupeKey` replaces the message id as
+ * the inbox key (e.g. a business id); the key is stored scoped by the event
+ * type (`<type>:<your key>`), so handlers of different types never collide.
+ */
+export const handler = <C extends AnyContract>(
+  contract: C,
+  handle: (context: HandlerContext<PayloadOf<C>>) => Effect.Effect<void, unknown>,
+  options: {
+    readonly dedupeKey?: (payload: PayloadOf<C>, envelope: Omit<Envelope, "dedupeKey">) => string
+  } = {},
+): Handler => ({
+  contract,
+  handle: handle as Handler["handle"],
+  dedupeKey: options.dedupeKey as Handler["dedupeKey"],
+})
+
+/** A handler's own failure (as opposed to the inbox failing to reach its database). */
+export class HandlerFailed {
+  readonly _tag = "HandlerFailed"
+  readonly error: string
+  constructor(error: string) {
+    this.error = error
+  }
+}
+
+/** A readable one-line message for whatever a handler failed with. */
+export const describe = (error: unknown): string => {
+  if (error instanceof Error) return error.message
+  if (typeof error === "object" && error !== null && "message" in error) return String(error.message)
+  return typeof error === "string" ? error : (JSON.stringify(error) ?? String(error))
+}
+
+/**
+ * Runs a handler under its span (continuing the producer's trace), times it,
+ * and gives up on it after `timeoutMs`: a hung handler would hold its
+ * transaction, a pooled connection and (in the processor) the whole batch.
+ * Any failure, defect or timeout becomes `HandlerFailed`, so the message is
+ * retried and its transaction rolled back.
+ */
+export const runHandler = (
+  consumer: string,
+  handler: Handler,
+  payload: unknown,
+  envelope: Envelope,
+  // biome-ignore lint/suspicious/noExplicitAny: the caller's database
+  trx: Transaction<any>,
+  timeoutMs: number,
+): Effect.Effect<void, HandlerFailed> => {
+  const parent = parentFromTraceparent(envelope.headers.traceparent)
+  // Interruptible even inside the processor's uninterruptible batch, so the timeout can stop it.
+  return Effect.interruptible(handler.handle({ payload, envelope, trx })).pipe(
+    Effect.timeoutOrElse({
+      duration: timeoutMs,
+      orElse: () => Effect.fail(`handler timed out after ${timeoutMs} ms`),
+    }),
+    Effect.catchCause((cause) => Effect.fail(new HandlerFailed(describe(Cause.squash(cause))))),
+    (handle) => Metrics.timed(Metrics.handlerDuration, handle),
+    Effect.withSpan("Inbox.handle", {
+      attributes: { "txbox.type": envelope.type, "txbox.consumer": consumer },
+      ...(parent ? { parent } : {}),
+    }),
+  )
+}

@@ -1,0 +1,219 @@
+/**
+ * What the inbox does with one delivery, in either mode, ending in the
+ * transport's decision (ack, or retry after a delay).
+ *
+ * - idempotent: one transaction inserts the inbox row (the key is the dedupe)
+ *   and runs the handler; commit, then ack. A duplicate finds the row and is
+ *   acked without running the handler.
+ * - store-then-process: persist the delivery (batched with concurrent ones)
+ *   and ack; the processor (`inboxProcessor.ts`) runs the handler later.
+ *
+ * Failures go through the one verdict rule (`verdict.ts`): a handler's failure
+ * spends an attempt; a database outage does not; what can never be handled
+ * is recorded dead at once.
+ */
+import { Effect, Metric } from "effect"
+import type { Registry } from "../Contract.ts"
+import type { StoreError } from "../Errors.ts"
+import * as Metrics from "../Metrics.ts"
+import type { InboxRow, InboxStoreShape } from "../ports/InboxStore.ts"
+import type { Delivery, DeliveryDecision } from "../ports/Transport.ts"
+import type { RetryPolicy } from "../Retry.ts"
+import { makeBatcher } from "./batcher.ts"
+import { bounded } from "./bounded.ts"
+import { decodeDelivery, type HandlerIndex } from "./decodeDelivery.ts"
+import { HandlerFailed, runHandler } from "./handler.ts"
+import { storableRow } from "./storable.ts"
+import { type Failure, outage, permanent, transient, verdictFor } from "./verdict.ts"
+
+export interface InboxCounters {
+  processed: number
+  duplicates: number
+  retried: number
+  dead: number
+  stored: number
+  /** Clock time (ms) of the last delivery or row handled. */
+  lastActivityAt: number | undefined
+}
+
+export const makeInboxCounters = (): InboxCounters => ({
+  processed: 0,
+  duplicates: 0,
+  retried: 0,
+  dead: 0,
+  stored: 0,
+  lastActivityAt: undefined,
+})
+
+export interface InboxParts {
+  readonly consumer: string
+  readonly store: InboxStoreShape
+  readonly registry: Registry
+  readonly handlers: HandlerIndex
+  readonly retry: RetryPolicy
+  /** How long a handler may run before it counts as failed. */
+  readonly handlerTimeoutMs: number
+  readonly counters: InboxCounters
+  /** Runs after the inbox transaction committed and before the broker ack. */
+  readonly afterCommit: ((delivery: Delivery) => Effect.Effect<void>) | undefined
+}
+
+export const deadInbox = Metric.withAttributes(Metrics.dead, { side: "inbox" })
+export const retriedInbox = Metric.withAttributes(Metrics.retried, { side: "inbox" })
+
+/** How a failed try reads to the verdict rule: our own database away is an outage; anything else is the message's trouble. */
+export const failureOf = (error: HandlerFailed | StoreError): Failure => {
+  if (error instanceof HandlerFailed) return transient(error.error)
+  if (error.retryable) return outage(error.message)
+  // The message holds what the database can never store: dead now, not after maxAttempts.
+  if (error.reason === "data") return permanent(error.message)
+  // The database refused our own statement for good (a bug, a schema drift), or the handler
+  // swallowed a failed statement: count it, so the message ends dead instead of looping.
+  return transient(error.message)
+}
+
+const ACK: DeliveryDecision = { _tag: "Ack" }
+
+/**
+ * What a delivery's own statements (insert, probe, commit) may take on top of
+ * the handler's time: beyond that the connection is taken for dead (a
+ * postgres.js socket whose server restarted can leave a query hanging) and the
+ * delivery is retried as an outage.
+ */
+export const STATEMENTS_MS = 10_000
+
+export const makeConsumer = (p: InboxParts) => {
+  const touch = Effect.clockWith((clock) =>
+    Effect.sync(() => {
+      p.counters.lastActivityAt = clock.currentTimeMillisUnsafe()
+    }),
+  )
+
+  const recordDead = (deadRow: InboxRow) => {
+    // The error text may quote what the producer sent (a parser's message), NULs included.
+    const row = storableRow(deadRow)
+    return p.store.insertDead([row]).pipe(
+      bounded("Inbox.insertDead", STATEMENTS_MS),
+      // A payload jsonb refuses (a \u0000 escape): keep it as text in `raw` instead.
+      Effect.catchIf(
+        (error) => error.reason === "data",
+        () => p.store.insertDead([{ ...row, payload: null, raw: row.raw ?? row.payload }]),
+      ),
+      Effect.tap(() =>
+        Effect.sync(() => {
+          p.counters.dead++
+        }).pipe(Effect.andThen(touch), Effect.andThen(Metric.update(deadInbox, 1))),
+      ),
+      Effect.as(ACK),
+    )
+  }
+
+  /**
+   * The transport's decision after the try numbered `delivery.attempt` failed:
+   * retry after the backoff (attempt spent or not), or record the row dead
+   * and ack. `row` is undefined when the delivery was not decoded yet, which
+   * only an outage can interrupt (an outage is never dead).
+   */
+  const afterFailure = (
+    row: InboxRow | undefined,
+    delivery: Delivery,
+    failure: Failure,
+  ): Effect.Effect<DeliveryDecision, StoreError> =>
+    Effect.gen(function* () {
+      const verdict = verdictFor(delivery.attempt - 1, failure, p.retry)
+      if (verdict._tag === "Done") return ACK
+      if (verdict._tag === "Dead" && row !== undefined) {
+        return yield* recordDead({ ...row, attempts: delivery.attempt, lastError: verdict.error })
+      }
+      if (failure._tag === "Outage") {
+        yield* Effect.logWarning(`inbox ${p.consumer}: ${failure.error}; retrying delivery`)
+      } else {
+        p.counters.retried++
+        yield* Metric.update(retriedInbox, 1)
+      }
+      const delayMs = verdict._tag === "Retry" ? verdict.delayMs : 1000
+      const spendsAttempt = verdict._tag === "Retry" ? verdict.spendsAttempt : true
+      return { _tag: "Retry", delayMs, spendsAttempt } as const
+    })
+
+  /** Our database away while deciding (decoding, recording dead, storing): bring the message back later, attempt unspent. */
+  const outageDecision = (delivery: Delivery, error: StoreError): Effect.Effect<DeliveryDecision> =>
+    afterFailure(undefined, delivery, outage(error.message)).pipe(
+      Effect.catch(() => Effect.succeed({ _tag: "Retry", delayMs: 1000, spendsAttempt: false } as const)),
+    )
+
+  const committed = (delivery: Delivery) =>
+    Effect.gen(function* () {
+      yield* touch
+      if (p.afterCommit) yield* p.afterCommit(delivery)
+      return ACK
+    })
+
+  const idempotent = (delivery: Delivery): Effect.Effect<DeliveryDecision> =>
+    Effect.gen(function* () {
+      const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, delivery.attempt)
+      if (decoded._tag === "Bad") return yield* recordDead(decoded.row)
+      const outcome = yield* p.store
+        .transaction((tx) =>
+          Effect.gen(function* () {
+            if (!(yield* tx.insertProcessed(decoded.row))) return "duplicate" as const
+            yield* runHandler(
+              p.consumer,
+              decoded.handler,
+              decoded.payload,
+              decoded.envelope,
+              tx.trx,
+              p.handlerTimeoutMs,
+            )
+            return "processed" as const
+          }),
+        )
+        .pipe(bounded("Inbox.transaction", p.handlerTimeoutMs + STATEMENTS_MS), Effect.result)
+      if (outcome._tag === "Failure")
+        return yield* afterFailure(decoded.row, delivery, failureOf(outcome.failure))
+      if (outcome.success === "duplicate") {
+        p.counters.duplicates++
+        yield* Metric.update(Metrics.duplicates, 1)
+      } else {
+        p.counters.processed++
+        yield* Metric.update(Metrics.processed, 1)
+      }
+      return yield* committed(delivery)
+    }).pipe(Effect.catch((error: StoreError) => outageDecision(delivery, error)))
+
+  // One INSERT for the batch; if the database refuses a value in it, row by row, so only the
+  // offending delivery is turned away (and recorded dead) while the others are stored.
+  const storeBatcher = makeBatcher<InboxRow, number, StoreError>((rows) =>
+    p.store.insertPending(rows).pipe(
+      Effect.map((n) => rows.map(() => ({ ok: true, value: n }) as const)),
+      Effect.catchIf(
+        (error) => error.reason === "data" && rows.length > 1,
+        () =>
+          Effect.forEach(rows, (row) =>
+            p.store.insertPending([row]).pipe(
+              Effect.map((value) => ({ ok: true, value }) as const),
+              Effect.catch((error) => Effect.succeed({ ok: false, error } as const)),
+            ),
+          ),
+      ),
+    ),
+  )
+
+  const storeThenProcess = (delivery: Delivery): Effect.Effect<DeliveryDecision> =>
+    Effect.gen(function* () {
+      // Stored with no tries made: the processor's first run is attempt 1.
+      const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, 0)
+      if (decoded._tag === "Bad") return yield* recordDead({ ...decoded.row, attempts: 1 })
+      const stored = yield* Effect.result(
+        storeBatcher.submit(decoded.row).pipe(bounded("Inbox.store", STATEMENTS_MS)),
+      )
+      if (stored._tag === "Failure") {
+        if (stored.failure.reason !== "data") return yield* outageDecision(delivery, stored.failure)
+        return yield* recordDead({ ...decoded.row, attempts: 1, lastError: stored.failure.message })
+      }
+      p.counters.stored++
+      return yield* committed(delivery)
+    }).pipe(Effect.catch((error: StoreError) => outageDecision(delivery, error)))
+
+  return { idempotent, storeThenProcess }
+}

@@ -1,0 +1,101 @@
+/**
+ * The one claim → work → settle loop, shared by the relay's workers and the
+ * inbox's processor. A cycle claims a batch under a lease, works on it and
+ * records the verdicts; the loop decides when to run the next one:
+ *
+ * - a full batch means more is waiting: go again at once (after yielding);
+ * - otherwise wait for a wake-up (NOTIFY) or the poll interval;
+ * - a failed cycle backs off on the outage schedule and tries again, forever:
+ *   a retryable failure (connection lost) as a warning, any other (a missing
+ *   table, a read-only database after failover) loudly as an error, since it
+ *   needs a person — but the loop is still there when it is fixed;
+ * - a cycle is uninterruptible: shutdown waits for the batch in flight to be
+ *   settled instead of leaving its rows claimed until their lease runs out.
+ *
+ * All waiting is on Effect's `Clock`, so `TestClock` drives it in unit tests.
+ */
+import { Clock, Effect } from "effect"
+import { type RetryPolicy, schedule } from "../Retry.ts"
+import type { Signal } from "./signal.ts"
+
+/** What a loop reports about itself, for health checks. */
+export interface LoopState {
+  /** Clock time (ms) the last cycle completed, failed or not. */
+  lastCycleAt: number | undefined
+  /** Clock time (ms) of the last cycle that succeeded. */
+  lastSuccessAt: number | undefined
+  /** The last failure's message, cleared by a success. */
+  lastError: string | undefined
+  /** Failures since the last success. */
+  consecutiveFailures: number
+}
+
+export const makeLoopState = (): LoopState => ({
+  lastCycleAt: undefined,
+  lastSuccessAt: undefined,
+  lastError: undefined,
+  consecutiveFailures: 0,
+})
+
+export interface LeaseLoop<E extends { readonly message: string; readonly retryable: boolean }> {
+  /** Names the loop in logs ("relay", "inbox billing processor"). */
+  readonly name: string
+  /** One claim → work → settle; succeeds with how many rows it claimed. */
+  readonly cycle: Effect.Effect<number, E>
+  /** A cycle that claims this many is full: the next runs at once. */
+  readonly batchSize: number
+  /** Longest wait between cycles when no wake-up arrives. */
+  readonly pollMs: number
+  /** Backoff between failed cycles. */
+  readonly outage: RetryPolicy
+  readonly wake: Signal
+  readonly state: LoopState
+}
+
+/** Runs the loop until interrupted; never fails and never ends by itself. */
+export const runLeaseLoop = <E extends { readonly message: string; readonly retryable: boolean }>(
+  loop: LeaseLoop<E>,
+): Effect.Effect<never> => {
+  const { state } = loop
+  const failed = (error: E) =>
+    Effect.gen(function* () {
+      state.lastCycleAt = yield* Clock.currentTimeMillis
+      state.lastError = error.message
+      state.consecutiveFailures++
+      if (error.retryable) yield* Effect.logWarning(`${loop.name}: ${error.message}; backing off`)
+      else {
+        yield* Effect.logError(
+          `${loop.name}: ${error.message}; this will not pass by itself (fix the cause); backing off and retrying`,
+        )
+      }
+    })
+  const succeeded = Effect.gen(function* () {
+    const now = yield* Clock.currentTimeMillis
+    state.lastCycleAt = now
+    state.lastSuccessAt = now
+    state.lastError = undefined
+    state.consecutiveFailures = 0
+  })
+  const step = Effect.uninterruptible(loop.cycle).pipe(
+    Effect.tap(() => succeeded),
+    Effect.tapError(failed),
+    // Unbounded: infrastructure comes back, and the loop must still be there.
+    Effect.retry({ schedule: schedule(loop.outage) }),
+    Effect.orDie,
+  )
+  return Effect.forever(
+    Effect.flatMap(step, (claimed) =>
+      claimed >= loop.batchSize ? Effect.yieldNow : loop.wake.wait(loop.pollMs),
+    ),
+  )
+}
+
+/** Whether a loop ran a cycle within `withinMs` of now and its last cycle succeeded. */
+export const isLive = (state: LoopState, withinMs: number): Effect.Effect<boolean> =>
+  Effect.map(
+    Clock.currentTimeMillis,
+    (now) =>
+      state.lastSuccessAt !== undefined &&
+      state.lastError === undefined &&
+      now - state.lastSuccessAt < withinMs,
+  )

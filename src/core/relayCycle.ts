@@ -1,0 +1,159 @@
+/**
+ * One relay batch: claim → publish → mark. The loop around it is
+ * `leaseLoop.ts`; the verdict for each message is `verdict.ts`.
+ *
+ * Guarantees: a row is marked sent only after the broker confirmed it; a
+ * claimed row is never lost (a dead relay's lease runs out and the row comes
+ * due again) and never marked twice (marks match the claim's token).
+ */
+import { Effect, Metric } from "effect"
+import { type StoreError, TransportError } from "../Errors.ts"
+import * as Metrics from "../Metrics.ts"
+import type { OutboxMark, OutboxMessage, OutboxStoreShape } from "../ports/OutboxStore.ts"
+import type { OutgoingMessage, PublishOutcome, TransportShape } from "../ports/Transport.ts"
+import { type RetryPolicy, schedule } from "../Retry.ts"
+import { bounded } from "./bounded.ts"
+import { holdingLease } from "./heartbeat.ts"
+import { publishFailure, verdictFor } from "./verdict.ts"
+
+export interface RelaySettings {
+  readonly batchSize: number
+  readonly leaseMs: number
+  /** Longest a single claim or mark statement may take before it counts as a lost connection. */
+  readonly statementTimeoutMs: number
+  readonly retry: RetryPolicy
+  readonly outage: RetryPolicy
+}
+
+export interface RelayCounters {
+  published: number
+  retried: number
+  dead: number
+  /** Marks that found their row already re-claimed by another relay (lease ran out). */
+  lostLeases: number
+  batches: number
+}
+
+export const makeRelayCounters = (): RelayCounters => ({
+  published: 0,
+  retried: 0,
+  dead: 0,
+  lostLeases: 0,
+  batches: 0,
+})
+
+const toOutgoing = (m: OutboxMessage): OutgoingMessage => ({
+  id: m.id,
+  type: m.type,
+  version: m.version,
+  routingKey: m.routingKey ?? m.type,
+  body: m.payload,
+  headers: m.headers,
+  occurredAt: m.occurredAt,
+  partitionKey: m.partitionKey,
+  tenantId: m.tenantId,
+})
+
+const deadOutbox = Metric.withAttributes(Metrics.dead, { side: "outbox" })
+const retriedOutbox = Metric.withAttributes(Metrics.retried, { side: "outbox" })
+
+/** The batch as an Effect: succeeds with how many rows it claimed; fails (after marking) when the broker is away. */
+export const relayCycle = (
+  store: OutboxStoreShape,
+  transport: TransportShape,
+  s: RelaySettings,
+  counters: RelayCounters,
+): Effect.Effect<number, StoreError | TransportError> => {
+  // Asked for anew each cycle: a store may decide (or mint a token) when called, not when run.
+  const claim = Effect.suspend(() => store.claim(s.batchSize, s.leaseMs)).pipe(
+    bounded("Relay.claim", s.statementTimeoutMs),
+    Effect.withSpan("Relay.claim"),
+  )
+
+  const publish = (rows: ReadonlyArray<OutboxMessage>) =>
+    transport.publish(rows.map(toOutgoing)).pipe(
+      Effect.map((outcomes) => ({ outcomes, outage: undefined as TransportError | undefined })),
+      // Nothing could be attempted: every row is an outage outcome, which spends no attempt.
+      Effect.catch((error) =>
+        Effect.succeed({
+          outcomes: rows.map((): PublishOutcome => ({ _tag: "Interrupted", error: error.message })),
+          outage: error,
+        }),
+      ),
+      Effect.withSpan("Relay.publish"),
+    )
+
+  // A failed mark is retried for a while (the rows are confirmed; only the
+  // record is missing). If the database stays away past half the lease the
+  // rows come due again and are published twice: at least once, not lost.
+  const mark = (token: string, marks: ReadonlyArray<OutboxMark>) =>
+    store
+      .mark(token, marks)
+      .pipe(
+        bounded("Relay.mark", s.statementTimeoutMs),
+        Effect.retry({ schedule: schedule(s.outage), while: (e) => e.retryable }),
+        bounded("Relay.mark", s.leaseMs / 2),
+        Effect.withSpan("Relay.mark"),
+      )
+
+  return Effect.gen(function* () {
+    // While the broker is away, leave the rows alone: claiming and marking
+    // them would cost two writes per row per cycle and change nothing.
+    if (!(yield* transport.isConnected)) {
+      return yield* new TransportError({
+        reason: "connection",
+        operation: "Relay.publish",
+        cause: "broker not connected",
+      })
+    }
+    const { token, rows } = yield* Metrics.timed(Metrics.claimDuration, claim)
+    yield* Effect.annotateCurrentSpan("txbox.claimed", rows.length)
+    if (rows.length === 0) return 0
+    yield* Metric.update(Metrics.batchSize, rows.length)
+    const { outcomes, outage } = yield* Metrics.timed(
+      Metrics.publishDuration,
+      holdingLease(store.extend(token, s.leaseMs), s.leaseMs, publish(rows)),
+    )
+    const marks = rows.map(
+      (row, i): OutboxMark => ({
+        id: row.id,
+        verdict: verdictFor(row.attempts, publishFailure(outcomes[i]!), s.retry),
+      }),
+    )
+    const updated = yield* Metrics.timed(Metrics.markDuration, mark(token, marks))
+    let sent = 0
+    let dead = 0
+    for (const m of marks) {
+      if (m.verdict._tag === "Done") sent++
+      else if (m.verdict._tag === "Dead") dead++
+    }
+    const retried = marks.length - sent - dead
+    counters.published += sent
+    counters.dead += dead
+    counters.retried += retried
+    counters.lostLeases += marks.length - updated
+    counters.batches++
+    yield* Metric.update(Metrics.published, sent)
+    if (dead > 0) yield* Metric.update(deadOutbox, dead)
+    if (retried > 0) yield* Metric.update(retriedOutbox, retried)
+    if (outage) return yield* outage
+    return rows.length
+  }).pipe(Effect.withSpan("Relay.batch", { root: true }))
+}
+
+/** Keeps `lag.seconds` (the age of the oldest due message) fresh; an index-first-entry read, cheap every few seconds. */
+export const lagProbe = (store: OutboxStoreShape, lag: { seconds: number }) =>
+  Effect.gen(function* () {
+    lag.seconds = yield* store.lagSeconds
+    yield* Metric.update(Metrics.outboxLag, lag.seconds)
+  }).pipe(Effect.ignore)
+
+/** One retention pass: sent rows older than `olderThanSeconds`, in batches that never make a relay wait. */
+export const retentionPass = (store: OutboxStoreShape, olderThanSeconds: number, batchSize: number) =>
+  store.purgeSent(olderThanSeconds, batchSize).pipe(
+    Effect.tap((deleted) =>
+      deleted > 0 ? Effect.logInfo(`relay retention: deleted ${deleted} sent outbox rows`) : Effect.void,
+    ),
+    Effect.catch((e: StoreError) => Effect.logWarning(`relay retention: ${e.message}`)),
+    Effect.withSpan("Relay.retention", { root: true }),
+  )

@@ -1,0 +1,84 @@
+/**
+ * The inbox as the consumer and its processor see it, in domain words. Every
+ * row is keyed by (consumer, key) where the key is the message id or the
+ * handler's business key: the key is the dedupe. `txbox/postgres` and
+ * `txbox/pglite` provide it over SQL (`storage/SqlInboxStore.ts`);
+ * `storage/MemoryInboxStore.ts` provides it in memory for unit tests.
+ */
+import { Context, type Effect, type Scope } from "effect"
+import type { Transaction } from "kysely"
+import type { StoreError } from "../Errors.ts"
+import type { Claim, Verdict } from "./lease.ts"
+
+/** One inbox row: a delivery as received (and, once claimed, as the processor sees it). */
+export interface InboxRow {
+  /** The dedupe key: the message id, or the handler's business key. */
+  readonly key: string
+  readonly consumer: string
+  readonly type: string | null
+  readonly version: number | null
+  /** JSON text of the payload; null when the body could not be decoded. */
+  readonly payload: string | null
+  /** The body as received, kept only when it could not be decoded, so nothing a producer sent is lost. */
+  readonly raw: string | null
+  readonly headers: Readonly<Record<string, string>>
+  readonly partitionKey: string | null
+  readonly tenantId: string | null
+  /** Tries made so far: 0 for a stored delivery nobody ran yet. */
+  readonly attempts: number
+  readonly lastError: string | null
+}
+
+/** The transaction a handler runs in, with the inbox writes that must commit with it. */
+export interface InboxTransaction {
+  /** Handed to the handler: its writes commit or roll back with the inbox row. */
+  // biome-ignore lint/suspicious/noExplicitAny: the service's own database type; handlers annotate it
+  readonly trx: Transaction<any>
+  /** Inserts the row as processed; false when its key is already there (a duplicate). */
+  readonly insertProcessed: (row: InboxRow) => Effect.Effect<boolean, StoreError>
+  /** Marks a claimed row processed; false when `token` no longer holds it. */
+  readonly markProcessed: (
+    consumer: string,
+    key: string,
+    token: string,
+    attempts: number,
+  ) => Effect.Effect<boolean, StoreError>
+}
+
+/** A verdict for one claimed row (`Done` rows are marked inside their transaction instead). */
+export interface InboxMark {
+  readonly key: string
+  readonly verdict: Exclude<Verdict, { readonly _tag: "Done" }>
+}
+
+export interface InboxStoreShape {
+  /** Runs `use` in one database transaction: commit when it succeeds, roll back when it fails or is interrupted. */
+  readonly transaction: <A, E, R>(
+    use: (tx: InboxTransaction) => Effect.Effect<A, E, R>,
+  ) => Effect.Effect<A, E | StoreError, R>
+  /** Store-then-process: persists deliveries as pending in one write; returns how many were new. */
+  readonly insertPending: (rows: ReadonlyArray<InboxRow>) => Effect.Effect<number, StoreError>
+  /** Records rows that will never be handled (undecodable, unknown, out of attempts); duplicates are ignored. */
+  readonly insertDead: (rows: ReadonlyArray<InboxRow>) => Effect.Effect<number, StoreError>
+  /** Claims up to `limit` due pending rows of `consumer` under a lease, as the relay claims the outbox. */
+  readonly claim: (
+    consumer: string,
+    limit: number,
+    leaseMs: number,
+  ) => Effect.Effect<Claim<InboxRow>, StoreError>
+  /** Keeps the rows of `consumer` that `token` still holds for another `leaseMs` (while their handlers run). */
+  readonly extend: (consumer: string, token: string, leaseMs: number) => Effect.Effect<number, StoreError>
+  /** Records the failures of a claim in one write: retry later or dead. Returns how many rows changed. */
+  readonly mark: (
+    consumer: string,
+    token: string,
+    marks: ReadonlyArray<InboxMark>,
+  ) => Effect.Effect<number, StoreError>
+  /** Calls `onWake` when pending rows may have arrived (store-then-process), until the scope closes. Latency only. */
+  readonly wakeups: (onWake: () => void) => Effect.Effect<void, StoreError, Scope.Scope>
+}
+
+// The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
+const InboxStoreService: Context.ServiceClass<InboxStore, "txbox/InboxStore", InboxStoreShape> =
+  Context.Service<InboxStore, InboxStoreShape>()("txbox/InboxStore")
+export class InboxStore extends InboxStoreService {}

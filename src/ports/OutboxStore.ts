@@ -1,0 +1,75 @@
+/**
+ * The outbox as the relay sees it, in domain words: claim due messages under a
+ * lease, settle them, hand a lease back, measure the lag, purge what was sent,
+ * and wake up when something new commits. `txbox/postgres` and `txbox/pglite`
+ * provide it over SQL (`storage/SqlOutboxStore.ts`); `storage/MemoryOutboxStore.ts`
+ * provides it in memory for unit tests. Nothing here names a driver.
+ */
+import { Context, type Effect, type Scope } from "effect"
+import type { StoreError } from "../Errors.ts"
+import type { Claim, Verdict } from "./lease.ts"
+
+/** One claimed outbox message, ready to publish. */
+export interface OutboxMessage {
+  readonly id: string
+  readonly type: string
+  readonly version: number
+  /** The payload as JSON text, passed to the broker untouched (never parsed and re-serialised). */
+  readonly payload: string
+  readonly headers: Readonly<Record<string, string>>
+  /** Null: route by type. */
+  readonly routingKey: string | null
+  readonly partitionKey: string | null
+  readonly tenantId: string | null
+  readonly occurredAt: Date
+  /** Attempts recorded before this claim. */
+  readonly attempts: number
+}
+
+/** A verdict for one claimed message. */
+export interface OutboxMark {
+  readonly id: string
+  readonly verdict: Verdict
+}
+
+export interface OutboxStoreShape {
+  /**
+   * Claims up to `limit` due pending messages (oldest due first) and holds them
+   * for `leaseMs`: other claimers skip them meanwhile, and when the lease runs
+   * out unsettled they come due again. Interrupting the claim hands back
+   * whatever it took.
+   */
+  readonly claim: (limit: number, leaseMs: number) => Effect.Effect<Claim<OutboxMessage>, StoreError>
+  /**
+   * Records verdicts in one write: `Done` → sent; `Retry` → pending again after
+   * its delay (one attempt more only if it `spendsAttempt`); `Dead` → dead, one
+   * attempt more. Only rows the claim `token` still holds change; returns how many did.
+   */
+  readonly mark: (token: string, marks: ReadonlyArray<OutboxMark>) => Effect.Effect<number, StoreError>
+  /**
+   * Keeps the rows `token` still holds for another `leaseMs` from now: the
+   * relay calls it while a batch is being published, so a slow batch is not
+   * claimed (and published) again by another relay. Returns how many.
+   */
+  readonly extend: (token: string, leaseMs: number) => Effect.Effect<number, StoreError>
+  /** Hands every row still held by `token` back, due now, attempts unchanged. Returns how many. */
+  readonly release: (token: string) => Effect.Effect<number, StoreError>
+  /** Seconds the oldest due pending message has waited (0 when none). */
+  readonly lagSeconds: Effect.Effect<number, StoreError>
+  /**
+   * Deletes sent messages published more than `olderThanSeconds` ago, `batchSize`
+   * rows per statement, until none is left; never a pending or dead one. Returns how many.
+   */
+  readonly purgeSent: (olderThanSeconds: number, batchSize: number) => Effect.Effect<number, StoreError>
+  /**
+   * Calls `onWake` when new messages may be due (a NOTIFY on commit), until the
+   * scope closes. Only shortens latency: it may call spuriously or never, and
+   * polling alone must stay correct.
+   */
+  readonly wakeups: (onWake: () => void) => Effect.Effect<void, StoreError, Scope.Scope>
+}
+
+// The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
+const OutboxStoreService: Context.ServiceClass<OutboxStore, "txbox/OutboxStore", OutboxStoreShape> =
+  Context.Service<OutboxStore, OutboxStoreShape>()("txbox/OutboxStore")
+export class OutboxStore extends OutboxStoreService {}

@@ -1,0 +1,6 @@
+/** What a store adapter provides: the connection and both storage ports over it. */
+import type { Database } from "./Database.ts"
+import type { InboxStore } from "./InboxStore.ts"
+import type { OutboxStore } from "./OutboxStore.ts"
+
+export type TxboxStore = Database | OutboxStore | InboxStore

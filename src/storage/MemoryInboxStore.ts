@@ -1,0 +1,338 @@
+/**
+ * The `InboxStore` port in memory, for unit tests of the consumer and the
+ * inbox processor: no database, and every "now" read from Effect's `Clock`, so
+ * `TestClock.adjust` expires leases and brings retries due. Each operation
+ * mirrors its SQL statement (storage/inboxSql.ts), keyed by (consumer, key).
+ *
+ * Transactions keep PostgreSQL's behaviour where handlers can observe it:
+ * - Writes through the `InboxTransaction` are buffered and applied on commit,
+ *   dropped when `use` fails or is interrupted.
+ * - A key inserted by a transaction still open is held: another insert of
+ *   that key waits until the holder ends, then sees the committed row (a
+ *   duplicate) or, after a rollback, wins. That is what ON CONFLICT does under
+ *   PostgreSQL, and it is why a redelivery racing a handler that later fails is
+ *   not acknowledged as a duplicate and lost.
+ * - A row marked processed by an open transaction is locked: claims skip it
+ *   (SKIP LOCKED) and other writes to it wait.
+ * Deadlocks (two transactions each waiting on a key the other holds) are not
+ * detected: both wait, where PostgreSQL would abort one.
+ *
+ * Usage as for `MemoryOutboxStore`: `make()` gives a handle, `layer(handle)`
+ * provides its store, `layer()` a fresh one.
+ */
+import { Deferred, Effect, Layer } from "effect"
+import type { Transaction } from "kysely"
+import { uuidv7 } from "../core/uuid.ts"
+import { StoreError } from "../Errors.ts"
+import {
+  type InboxMark,
+  type InboxRow,
+  InboxStore,
+  type InboxStoreShape,
+  type InboxTransaction,
+} from "../ports/InboxStore.ts"
+import type { Claim } from "../ports/lease.ts"
+import { applyFailure, makeWakeups } from "./memoryLease.ts"
+
+/** One inbox row as a test sees it; times are epoch ms of the `Clock`. */
+export interface MemoryInboxRow extends InboxRow {
+  readonly status: "pending" | "processed" | "dead"
+  readonly visibleAt: number
+  readonly lockToken: string | null
+  readonly receivedAt: number
+  readonly processedAt: number | null
+}
+
+export interface MemoryInbox {
+  /** The port itself. */
+  readonly store: InboxStoreShape
+  /** A snapshot of the committed rows (of one consumer, if given), in insertion order. */
+  readonly rows: (consumer?: string) => ReadonlyArray<MemoryInboxRow>
+  /** While down, every port operation fails with a retryable `StoreError` (reason "connection"), commit included. */
+  readonly setDown: (down: boolean) => void
+}
+
+type Row = { -readonly [K in keyof MemoryInboxRow]: MemoryInboxRow[K] } & { readonly seq: number }
+
+/** An open transaction: what it will write on commit, and the keys it holds meanwhile. */
+interface Tx {
+  open: boolean
+  readonly inserts: Map<string, Row>
+  readonly marks: Map<string, { readonly token: string; readonly attempts: number; readonly at: number }>
+  /** Completed when the transaction ends, either way: whoever waits on one of its keys looks again. */
+  readonly ended: Deferred.Deferred<void>
+}
+
+/** A write that has to wait for `tx` to end before it can decide. */
+class Blocked {
+  readonly tx: Tx
+  constructor(tx: Tx) {
+    this.tx = tx
+  }
+}
+
+const rowKey = (consumer: string, key: string): string => JSON.stringify([consumer, key])
+
+const snapshot = ({ seq: _seq, ...row }: Row): MemoryInboxRow => ({ ...row, headers: { ...row.headers } })
+
+const toInboxRow = (row: Row): InboxRow => ({
+  key: row.key,
+  consumer: row.consumer,
+  type: row.type,
+  version: row.version,
+  payload: row.payload,
+  raw: row.raw,
+  headers: { ...row.headers },
+  partitionKey: row.partitionKey,
+  tenantId: row.tenantId,
+  attempts: row.attempts,
+  lastError: row.lastError,
+})
+
+const byDue = (a: Row, b: Row): number => a.visibleAt - b.visibleAt || a.seq - b.seq
+
+/**
+ * What a handler gets as `trx`: unit-test handlers write nothing through SQL,
+ * and one that tries should fail loudly rather than silently do nothing.
+ * Symbols and `then` answer undefined so inspecting the transaction or
+ * resolving a promise with it does not throw.
+ */
+// biome-ignore lint/suspicious/noExplicitAny: the port's own type for `trx`
+type AnyTransaction = Transaction<any>
+
+const noSqlTransaction: AnyTransaction = new Proxy(Object.freeze({}), {
+  get(_target, property) {
+    if (typeof property === "symbol" || property === "then") return undefined
+    throw new Error(
+      `the memory inbox store has no SQL transaction: the handler used trx.${property}. ` +
+        "Unit tests on MemoryInboxStore cannot run SQL; test SQL side effects against PostgreSQL or PGlite.",
+    )
+  },
+}) as unknown as AnyTransaction
+
+export const make = (): Effect.Effect<MemoryInbox> =>
+  Effect.sync(() => {
+    const table = new Map<string, Row>()
+    /** Keys an open transaction has inserted (not yet in `table`) or marked (locked). */
+    const held = new Map<string, Tx>()
+    let seq = 0
+    let down = false
+
+    const downError = (operation: string) =>
+      new StoreError({ reason: "connection", operation, cause: "memory store is down" })
+
+    /**
+     * One operation: the down check, then `f` with the `Clock`'s now in one
+     * synchronous step (as one SQL statement). When `f` answers `Blocked`, waits
+     * for that transaction to end and runs `f` again from the start.
+     */
+    const op = <A>(operation: string, f: (now: number) => A | Blocked): Effect.Effect<A, StoreError> =>
+      Effect.clockWith((clock) =>
+        Effect.suspend((): Effect.Effect<A, StoreError> => {
+          if (down) return Effect.fail(downError(operation))
+          const result = f(clock.currentTimeMillisUnsafe())
+          return result instanceof Blocked
+            ? Effect.flatMap(Deferred.await(result.tx.ended), () => op(operation, f))
+            : Effect.succeed(result)
+        }),
+      )
+
+    /** The first of `keys` held by a transaction other than `self`. */
+    const blocker = (keys: Iterable<string>, self?: Tx): Blocked | undefined => {
+      for (const k of keys) {
+        const tx = held.get(k)
+        if (tx !== undefined && tx !== self) return new Blocked(tx)
+      }
+      return undefined
+    }
+
+    const { wake, wakeups } = makeWakeups(op)
+
+    const newRow = (row: InboxRow, now: number, status: Row["status"]): Row => ({
+      seq: seq++,
+      key: row.key,
+      consumer: row.consumer,
+      type: row.type,
+      version: row.version,
+      payload: row.payload,
+      raw: row.raw,
+      headers: { ...row.headers },
+      partitionKey: row.partitionKey,
+      tenantId: row.tenantId,
+      attempts: row.attempts,
+      lastError: row.lastError,
+      status,
+      visibleAt: now,
+      lockToken: null,
+      receivedAt: now,
+      processedAt: null,
+    })
+
+    /** INSERT … ON CONFLICT DO NOTHING of a batch; a key in the batch twice is stored once. */
+    const insertRows = (operation: string, rows: ReadonlyArray<InboxRow>, status: "pending" | "dead") =>
+      op(operation, (now) => {
+        const fresh = rows.map((r) => rowKey(r.consumer, r.key)).filter((k) => !table.has(k))
+        const blocked = blocker(fresh)
+        if (blocked) return blocked
+        let inserted = 0
+        for (const r of rows) {
+          const k = rowKey(r.consumer, r.key)
+          if (table.has(k)) continue
+          table.set(k, newRow(r, now, status))
+          inserted++
+        }
+        return inserted
+      })
+
+    // Only pending rows wake the processor, as the migration's trigger decides.
+    const insertPending = (rows: ReadonlyArray<InboxRow>) =>
+      Effect.tap(insertRows("InboxStore.insertPending", rows, "pending"), (n) =>
+        n > 0 ? Effect.sync(wake) : Effect.void,
+      )
+
+    const insertDead = (rows: ReadonlyArray<InboxRow>) => insertRows("InboxStore.insertDead", rows, "dead")
+
+    const claim = (consumer: string, limit: number, leaseMs: number) =>
+      op("InboxStore.claim", (now): Claim<InboxRow> => {
+        const token = uuidv7()
+        const due = [...table.entries()]
+          // Rows an open transaction has locked are skipped, not waited for (SKIP LOCKED).
+          .filter(
+            ([k, r]) =>
+              r.consumer === consumer && r.status === "pending" && r.visibleAt <= now && !held.has(k),
+          )
+          .map(([, r]) => r)
+          .sort(byDue)
+          .slice(0, Math.max(0, limit))
+        for (const row of due) {
+          row.lockToken = token
+          row.visibleAt = now + leaseMs
+        }
+        return { token, rows: due.map(toInboxRow) }
+      })
+
+    const extend = (consumer: string, token: string, leaseMs: number) =>
+      op("InboxStore.extend", (now) => {
+        let extended = 0
+        for (const [k, row] of table.entries()) {
+          // Rows an open transaction holds are skipped (SKIP LOCKED), as in SQL.
+          if (row.consumer !== consumer || row.lockToken !== token || row.status !== "pending" || held.has(k))
+            continue
+          row.visibleAt = now + leaseMs
+          extended++
+        }
+        return extended
+      })
+
+    const mark = (consumer: string, token: string, marks: ReadonlyArray<InboxMark>) =>
+      op("InboxStore.mark", (now) => {
+        // Only existing rows can be locked; an insert still uncommitted is invisible here, as in SQL.
+        const blocked = blocker(marks.map((m) => rowKey(consumer, m.key)).filter((k) => table.has(k)))
+        if (blocked) return blocked
+        let changed = 0
+        for (const { key, verdict } of marks) {
+          const row = table.get(rowKey(consumer, key))
+          if (row === undefined || row.lockToken !== token || row.status !== "pending") continue
+          applyFailure(row, verdict, now)
+          changed++
+        }
+        return changed
+      })
+
+    /** Ends `tx` either way: frees its keys and wakes whoever waits on them. Idempotent. */
+    const end = (tx: Tx) => {
+      if (!tx.open) return
+      tx.open = false
+      for (const [k, holder] of held) if (holder === tx) held.delete(k)
+      Deferred.doneUnsafe(tx.ended, Effect.void)
+    }
+
+    const commit = (tx: Tx) =>
+      op("InboxStore.commit", () => {
+        for (const [k, row] of tx.inserts) table.set(k, row)
+        for (const [k, m] of tx.marks) {
+          const row = table.get(k)
+          // Still true, since the lock kept every other write off the row; checked all the same.
+          if (row === undefined || row.lockToken !== m.token || row.status !== "pending") continue
+          row.status = "processed"
+          row.processedAt = m.at
+          row.attempts = m.attempts
+          row.lockToken = null
+        }
+        end(tx)
+      })
+
+    const handle = (tx: Tx): InboxTransaction => {
+      const inTx = <A>(operation: string, f: (now: number) => A | Blocked) =>
+        op(operation, (now) => {
+          if (!tx.open) {
+            // A handler kept its transaction past the end of `use`: a bug in the caller, said plainly.
+            throw new Error(`${operation}: the memory inbox transaction has already ended`)
+          }
+          return f(now)
+        })
+      return {
+        trx: noSqlTransaction,
+        insertProcessed: (row) =>
+          inTx("InboxStore.insertProcessed", (now) => {
+            const k = rowKey(row.consumer, row.key)
+            if (table.has(k) || tx.inserts.has(k)) return false
+            const blocked = blocker([k], tx)
+            if (blocked) return blocked
+            held.set(k, tx)
+            // As the SQL's single-row insert: processed now, no raw body, no error.
+            tx.inserts.set(k, {
+              ...newRow({ ...row, raw: null, lastError: null }, now, "processed"),
+              processedAt: now,
+            })
+            return true
+          }),
+        markProcessed: (consumer, key, token, attempts) =>
+          inTx("InboxStore.markProcessed", (now) => {
+            const k = rowKey(consumer, key)
+            // Marked already in this transaction: the row reads processed here, so no match.
+            if (tx.marks.has(k) || !table.has(k)) return false
+            const blocked = blocker([k], tx)
+            if (blocked) return blocked
+            const row = table.get(k)
+            if (row === undefined || row.lockToken !== token || row.status !== "pending") return false
+            held.set(k, tx)
+            tx.marks.set(k, { token, attempts, at: now })
+            return true
+          }),
+      }
+    }
+
+    const transaction = <A, E, R>(
+      use: (tx: InboxTransaction) => Effect.Effect<A, E, R>,
+    ): Effect.Effect<A, E | StoreError, R> =>
+      Effect.acquireUseRelease(
+        op(
+          "InboxStore.begin",
+          (): Tx => ({
+            open: true,
+            inserts: new Map(),
+            marks: new Map(),
+            ended: Deferred.makeUnsafe<void>(),
+          }),
+        ),
+        (tx) => Effect.flatMap(use(handle(tx)), (a) => Effect.as(commit(tx), a)),
+        // After a commit this does nothing; otherwise it is the rollback: the buffered writes go.
+        (tx) => Effect.sync(() => end(tx)),
+      )
+
+    return {
+      store: { transaction, insertPending, insertDead, claim, extend, mark, wakeups },
+      rows: (consumer?: string) =>
+        [...table.values()].filter((r) => consumer === undefined || r.consumer === consumer).map(snapshot),
+      setDown: (value: boolean) => {
+        down = value
+      },
+    } satisfies MemoryInbox
+  })
+
+/** Provides `handle`'s store as `InboxStore`; without one, a fresh store. */
+export const layer = (handle?: MemoryInbox): Layer.Layer<InboxStore> =>
+  handle === undefined
+    ? Layer.effect(InboxStore)(Effect.map(make(), (h) => h.store))
+    : Layer.succeed(InboxStore)(handle.store)

@@ -1,0 +1,252 @@
+/**
+ * The `OutboxStore` port in memory, for unit tests of the relay: no database,
+ * and every "now" read from Effect's `Clock`, so `TestClock.adjust` is what
+ * expires leases and brings retries due (never a real sleep). Each operation
+ * mirrors its SQL statement (storage/SqlOutboxStore.ts), including the rules
+ * that matter to the relay: a claim skips rows another claim holds, a mark or
+ * release only touches rows its token still holds.
+ *
+ * Usage: `make()` gives a handle (the store plus test controls: seed rows,
+ * inspect them, take the store "down"); `layer(handle)` provides that handle's
+ * store as `OutboxStore`, `layer()` a fresh one nobody inspects. Run the store
+ * under the same `TestClock` the test adjusts, e.g. one
+ * `ManagedRuntime.make(Layer.merge(layer(handle), TestClock.layer()))`.
+ */
+import { Effect, Layer } from "effect"
+import { uuidv7 } from "../core/uuid.ts"
+import { StoreError } from "../Errors.ts"
+import type { Claim } from "../ports/lease.ts"
+import {
+  type OutboxMark,
+  type OutboxMessage,
+  OutboxStore,
+  type OutboxStoreShape,
+} from "../ports/OutboxStore.ts"
+import { applyFailure, makeWakeups } from "./memoryLease.ts"
+
+/** A message to seed, as a producer's committed transaction would have written it. */
+export interface MemoryOutboxInsert {
+  readonly id: string
+  readonly type: string
+  /** @default 1 */
+  readonly version?: number
+  /** JSON text. @default "{}" */
+  readonly payload?: string
+  /** @default {} */
+  readonly headers?: Readonly<Record<string, string>>
+  /** @default null */
+  readonly routingKey?: string | null
+  /** @default null */
+  readonly partitionKey?: string | null
+  /** @default null */
+  readonly tenantId?: string | null
+  /** When it comes due, in epoch ms of the `Clock`. @default now */
+  readonly visibleAt?: number
+}
+
+/** One outbox row as a test sees it; times are epoch ms of the `Clock`. */
+export interface MemoryOutboxRow extends Omit<OutboxMessage, "occurredAt"> {
+  readonly occurredAt: number
+  readonly status: "pending" | "sent" | "dead"
+  readonly attempts: number
+  readonly visibleAt: number
+  readonly lockToken: string | null
+  readonly lastError: string | null
+  readonly publishedAt: number | null
+}
+
+export interface MemoryOutbox {
+  /** The port itself. */
+  readonly store: OutboxStoreShape
+  /**
+   * Inserts pending messages and wakes every `wakeups` listener, as the
+   * migration's NOTIFY trigger does. A test fixture, not a port operation:
+   * `setDown` leaves it working so a test can seed rows during an outage. Fails
+   * (constraint) on an id already present, as the primary key would.
+   */
+  readonly enqueue: (rows: ReadonlyArray<MemoryOutboxInsert>) => Effect.Effect<void, StoreError>
+  /** A snapshot of every row, in insertion order. */
+  readonly rows: () => ReadonlyArray<MemoryOutboxRow>
+  /** While down, every port operation fails with a retryable `StoreError` (reason "connection"). */
+  readonly setDown: (down: boolean) => void
+}
+
+type Row = { -readonly [K in keyof MemoryOutboxRow]: MemoryOutboxRow[K] } & { readonly seq: number }
+
+const snapshot = ({ seq: _seq, ...row }: Row): MemoryOutboxRow => ({ ...row, headers: { ...row.headers } })
+
+const toMessage = (row: Row): OutboxMessage => ({
+  id: row.id,
+  type: row.type,
+  version: row.version,
+  payload: row.payload,
+  headers: { ...row.headers },
+  routingKey: row.routingKey,
+  partitionKey: row.partitionKey,
+  tenantId: row.tenantId,
+  occurredAt: new Date(row.occurredAt),
+  attempts: row.attempts,
+})
+
+// Due order as the claim's index gives it; insertion order breaks ties so runs are reproducible.
+const byDue = (a: Row, b: Row): number => a.visibleAt - b.visibleAt || a.seq - b.seq
+
+export const make = (): Effect.Effect<MemoryOutbox> =>
+  Effect.sync(() => {
+    // A Map keeps insertion order, which `rows()` reports.
+    const table = new Map<string, Row>()
+    let seq = 0
+    let down = false
+
+    /**
+     * One operation: the down check, then `f` with the `Clock`'s now in one
+     * synchronous step, so no other fiber interleaves (as one SQL statement).
+     */
+    const op = <A>(operation: string, f: (now: number) => A): Effect.Effect<A, StoreError> =>
+      Effect.clockWith((clock) =>
+        Effect.suspend(() =>
+          down
+            ? Effect.fail(new StoreError({ reason: "connection", operation, cause: "memory store is down" }))
+            : Effect.succeed(f(clock.currentTimeMillisUnsafe())),
+        ),
+      )
+
+    const { wake, wakeups } = makeWakeups(op)
+
+    const claim = (limit: number, leaseMs: number) =>
+      op("OutboxStore.claim", (now): Claim<OutboxMessage> => {
+        const token = uuidv7()
+        // An expired lease needs no special case: its row is pending with visibleAt <= now again.
+        const due = [...table.values()]
+          .filter((r) => r.status === "pending" && r.visibleAt <= now)
+          .sort(byDue)
+          .slice(0, Math.max(0, limit))
+        for (const row of due) {
+          row.lockToken = token
+          row.visibleAt = now + leaseMs
+        }
+        return { token, rows: due.map(toMessage) }
+      })
+
+    const mark = (token: string, marks: ReadonlyArray<OutboxMark>) =>
+      op("OutboxStore.mark", (now) => {
+        let changed = 0
+        for (const { id, verdict } of marks) {
+          const row = table.get(id)
+          // The token check is what keeps a relay whose lease ran out from settling another's claim.
+          if (row === undefined || row.lockToken !== token || row.status !== "pending") continue
+          if (verdict._tag === "Done") {
+            // lastError stays: the SQL keeps it (COALESCE) as a trace of earlier failures.
+            row.status = "sent"
+            row.publishedAt = now
+            row.lockToken = null
+          } else applyFailure(row, verdict, now)
+          changed++
+        }
+        return changed
+      })
+
+    const release = (token: string) =>
+      op("OutboxStore.release", (now) => {
+        let released = 0
+        for (const row of table.values()) {
+          if (row.lockToken !== token || row.status !== "pending") continue
+          row.lockToken = null
+          row.visibleAt = now
+          released++
+        }
+        return released
+      })
+
+    const extend = (token: string, leaseMs: number) =>
+      op("OutboxStore.extend", (now) => {
+        let extended = 0
+        for (const row of table.values()) {
+          if (row.lockToken !== token || row.status !== "pending") continue
+          row.visibleAt = now + leaseMs
+          extended++
+        }
+        return extended
+      })
+
+    const lagSeconds = op("OutboxStore.lag", (now) => {
+      let oldest = Number.POSITIVE_INFINITY
+      for (const row of table.values()) {
+        if (row.status === "pending" && row.visibleAt <= now && row.visibleAt < oldest) oldest = row.visibleAt
+      }
+      return oldest === Number.POSITIVE_INFINITY ? 0 : Math.max(0, (now - oldest) / 1000)
+    })
+
+    // The SQL deletes in batches of `batchSize` until none is left; in memory one pass
+    // deletes the same rows, and the count is the same.
+    const purgeSent = (olderThanSeconds: number, _batchSize: number) =>
+      op("OutboxStore.purgeSent", (now) => {
+        const cutoff = now - olderThanSeconds * 1000
+        let deleted = 0
+        for (const [id, row] of table) {
+          if (row.status === "sent" && row.publishedAt !== null && row.publishedAt < cutoff) {
+            table.delete(id)
+            deleted++
+          }
+        }
+        return deleted
+      })
+
+    const enqueue = (rows: ReadonlyArray<MemoryOutboxInsert>) =>
+      Effect.clockWith((clock) =>
+        Effect.suspend(() => {
+          const now = clock.currentTimeMillisUnsafe()
+          const ids = new Set<string>()
+          for (const r of rows) {
+            // All or nothing, as one INSERT statement.
+            if (table.has(r.id) || ids.has(r.id)) {
+              return Effect.fail(
+                new StoreError({
+                  reason: "constraint",
+                  operation: "MemoryOutbox.enqueue",
+                  cause: `duplicate outbox id ${r.id}`,
+                }),
+              )
+            }
+            ids.add(r.id)
+          }
+          for (const r of rows) {
+            table.set(r.id, {
+              seq: seq++,
+              id: r.id,
+              type: r.type,
+              version: r.version ?? 1,
+              payload: r.payload ?? "{}",
+              headers: { ...r.headers },
+              routingKey: r.routingKey ?? null,
+              partitionKey: r.partitionKey ?? null,
+              tenantId: r.tenantId ?? null,
+              occurredAt: now,
+              status: "pending",
+              attempts: 0,
+              visibleAt: r.visibleAt ?? now,
+              lockToken: null,
+              lastError: null,
+              publishedAt: null,
+            })
+          }
+          if (rows.length > 0) wake()
+          return Effect.void
+        }),
+      )
+
+    return {
+      store: { claim, mark, release, extend, lagSeconds, purgeSent, wakeups },
+      enqueue,
+      rows: () => [...table.values()].map(snapshot),
+      setDown: (value: boolean) => {
+        down = value
+      },
+    } satisfies MemoryOutbox
+  })
+
+/** Provides `handle`'s store as `OutboxStore`; without one, a fresh store. */
+export const layer = (handle?: MemoryOutbox): Layer.Layer<OutboxStore> =>
+  handle === undefined
+    ? Layer.effect(OutboxStore)(Effect.map(make(), (h) => h.store))
+    : Layer.succeed(OutboxStore)(handle.store)

@@ -1,0 +1,466 @@
+/**
+ * The `InboxStore` port over SQL (PostgreSQL or PGlite, any Kysely driver).
+ * Every write is keyed on (message_id, consumer) with ON CONFLICT DO NOTHING:
+ * the primary key is the dedupe, so two consumers racing on one redelivered
+ * message cannot both win. The port's `key` is the `message_id` column.
+ *
+ * Typed builder over `TxboxDatabase`, `sql` only where Kysely has no words,
+ * and the same rules as SqlOutboxStore.ts: `status = 'pending'` is a literal
+ * (the partial `inbox_due` index), JSON goes in as text cast in SQL, and each
+ * statement is compiled once per store (`prepare`).
+ */
+import { Effect, Layer } from "effect"
+import { type CompiledQuery, type Expression, type Kysely, sql, type Transaction } from "kysely"
+import { tryStore } from "../core/dbErrors.ts"
+import { uuidv7 } from "../core/uuid.ts"
+import { Database, notifyChannel } from "../ports/Database.ts"
+import {
+  type InboxMark,
+  type InboxRow,
+  InboxStore,
+  type InboxStoreShape,
+  type InboxTransaction,
+} from "../ports/InboxStore.ts"
+import type { Claim } from "../ports/lease.ts"
+import type { TxboxDatabase } from "../ports/tables.ts"
+import { prepare } from "./prepared.ts"
+import { affected, now, nowPlusMs, pending } from "./sqlFragments.ts"
+import { withTransaction } from "./transaction.ts"
+
+/** An inbox row as the database returns it, and as rows travel in the batch inserts' JSON parameter. */
+export interface StoredRow {
+  readonly message_id: string
+  readonly consumer: string
+  readonly type: string | null
+  readonly version: number | null
+  readonly payload: string | null
+  readonly raw: string | null
+  readonly headers: Record<string, string>
+  readonly partition_key: string | null
+  readonly tenant_id: string | null
+  readonly attempts: number
+  readonly last_error: string | null
+}
+
+/** One failure as it travels in `mark`'s JSON parameter. */
+interface MarkRecord {
+  readonly id: string
+  readonly status: "pending" | "dead"
+  readonly delay_ms: number
+  readonly inc: number
+  readonly error: string
+}
+
+// JSON text into a jsonb column. Cast in SQL: postgres.js and PGlite serialise a
+// parameter by the type the server infers, so a string bound to a jsonb
+// parameter would be JSON-encoded a second time.
+const jsonb = (text: string | null) => sql<string>`${text}::text::jsonb`
+
+const toStored = (row: InboxRow): StoredRow => ({
+  message_id: row.key,
+  consumer: row.consumer,
+  type: row.type,
+  version: row.version,
+  payload: row.payload,
+  raw: row.raw,
+  headers: row.headers,
+  partition_key: row.partitionKey,
+  tenant_id: row.tenantId,
+  attempts: row.attempts,
+  last_error: row.lastError,
+})
+
+const toRow = (row: StoredRow): InboxRow => ({
+  key: row.message_id,
+  consumer: row.consumer,
+  type: row.type,
+  version: row.version,
+  payload: row.payload,
+  raw: row.raw,
+  headers: row.headers ?? {},
+  partitionKey: row.partition_key,
+  tenantId: row.tenant_id,
+  attempts: row.attempts,
+  lastError: row.last_error,
+})
+
+// Each statement as a function of its parameters, compiled once per store by `statements`.
+
+/** `insertProcessed`'s parameters: the row, its headers as JSON text. (A type, not an interface: `prepare` wants a record.) */
+export type ProcessedValues = {
+  readonly key: string
+  readonly consumer: string
+  readonly type: string | null
+  readonly version: number | null
+  readonly payload: string | null
+  readonly headers: string
+  readonly partitionKey: string | null
+  readonly tenantId: string | null
+  readonly attempts: number
+}
+
+/**
+ * Inserts one row as processed, in the handler's transaction. A plain
+ * single-row VALUES, not the batch form: this runs once per delivery, and the
+ * recordset form spends about as long in parse and plan as in execution
+ * (bench/README.md, "Design measurements: inbox insert").
+ */
+export const insertProcessedQuery = (
+  db: Kysely<TxboxDatabase>,
+  row: ProcessedValues,
+): CompiledQuery<{ message_id: string }> =>
+  db
+    .insertInto("inbox")
+    .values({
+      message_id: row.key,
+      consumer: row.consumer,
+      type: row.type,
+      version: row.version,
+      payload: jsonb(row.payload),
+      headers: jsonb(row.headers),
+      partition_key: row.partitionKey,
+      tenant_id: row.tenantId,
+      attempts: row.attempts,
+      status: sql.lit("processed" as const),
+      processed_at: now,
+    })
+    .onConflict((oc) => oc.columns(["message_id", "consumer"]).doNothing())
+    .returning("message_id")
+    .compile()
+
+/** The batch inserts' one parameter: the rows as a JSON array of `StoredRow`. */
+export const storedRows = (rows: ReadonlyArray<InboxRow>): string => JSON.stringify(rows.map(toStored))
+
+/** Persists a batch (`storedRows`) in one statement; duplicates are skipped. Returns the keys that were new. */
+export const insertRowsQuery = (
+  db: Kysely<TxboxDatabase>,
+  status: "pending" | "dead",
+  { rows }: { readonly rows: string },
+): CompiledQuery<{ message_id: string }> => {
+  // The rows travel as one JSON text parameter (every driver binds a string
+  // the same way). Kysely cannot say a function's column definition list.
+  const records = sql<StoredRow>`jsonb_to_recordset(${rows}::text::jsonb)`.as<"r">(
+    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, tenant_id text, attempts int, last_error text)`,
+  )
+  return (
+    db
+      .insertInto("inbox")
+      .columns([
+        "message_id",
+        "consumer",
+        "type",
+        "version",
+        "payload",
+        "raw",
+        "headers",
+        "partition_key",
+        "tenant_id",
+        "attempts",
+        "status",
+        "last_error",
+      ])
+      // Positional, as INSERT … SELECT is: the same order as the columns above.
+      .expression((eb) =>
+        eb
+          .selectFrom(records)
+          .select((eb) => [
+            "r.message_id",
+            "r.consumer",
+            "r.type",
+            "r.version",
+            eb.cast("r.payload", "jsonb").as("payload"),
+            "r.raw",
+            eb.fn.coalesce("r.headers", sql`'{}'::jsonb`).as("headers"),
+            "r.partition_key",
+            "r.tenant_id",
+            "r.attempts",
+            sql.lit(status).as("status"),
+            "r.last_error",
+          ]),
+      )
+      .onConflict((oc) => oc.columns(["message_id", "consumer"]).doNothing())
+      .returning("message_id")
+      .compile()
+  )
+}
+
+/** Claims up to `limit` due pending rows of one consumer: SKIP LOCKED plus a lease, as the relay claims the outbox. */
+export const claimQuery = (
+  db: Kysely<TxboxDatabase>,
+  {
+    consumer,
+    limit,
+    token,
+    leaseMs,
+  }: { readonly consumer: string; readonly limit: number; readonly token: string; readonly leaseMs: number },
+): CompiledQuery<StoredRow> =>
+  db
+    .with("due", (qb) =>
+      qb
+        .selectFrom("inbox")
+        .select("message_id")
+        .where("consumer", "=", consumer)
+        .where("status", "=", pending)
+        .where("visible_at", "<=", now)
+        .orderBy("visible_at")
+        .limit(limit)
+        .forUpdate()
+        .skipLocked(),
+    )
+    .updateTable("inbox as i")
+    .set({ lock_token: token, visible_at: nowPlusMs(leaseMs) })
+    .from("due")
+    .where("i.consumer", "=", consumer)
+    .whereRef("i.message_id", "=", "due.message_id")
+    .returning((eb) => [
+      "i.message_id",
+      "i.consumer",
+      "i.type",
+      "i.version",
+      // JSON text, handed to the contract's decoder as received.
+      eb.cast<string | null>("i.payload", "text").as("payload"),
+      "i.raw",
+      "i.headers",
+      "i.partition_key",
+      "i.tenant_id",
+      "i.attempts",
+      "i.last_error",
+    ])
+    .compile()
+
+/** Hands every row of `consumer` that `token` holds back, due now (a claim given up on). */
+export const releaseQuery = (
+  db: Kysely<TxboxDatabase>,
+  { consumer, token }: { readonly consumer: string; readonly token: string },
+): CompiledQuery =>
+  db
+    .updateTable("inbox")
+    .set({ lock_token: sql.lit(null), visible_at: now })
+    .where("consumer", "=", consumer)
+    .where("lock_token", "=", token)
+    .where("status", "=", pending)
+    .compile()
+
+/**
+ * Pushes the lease of every row of `consumer` that `token` still holds out to
+ * now + `leaseMs`. SKIP LOCKED: a row whose handler's transaction holds it is
+ * about to be settled anyway, and waiting for it would make the next
+ * handlers wait on this statement in turn.
+ */
+export const extendQuery = (
+  db: Kysely<TxboxDatabase>,
+  {
+    consumer,
+    token,
+    leaseMs,
+  }: { readonly consumer: string; readonly token: string; readonly leaseMs: number },
+): CompiledQuery =>
+  db
+    .with("held", (qb) =>
+      qb
+        .selectFrom("inbox")
+        .select("message_id")
+        .where("consumer", "=", consumer)
+        .where("lock_token", "=", token)
+        .where("status", "=", pending)
+        .forUpdate()
+        .skipLocked(),
+    )
+    .updateTable("inbox as i")
+    .set({ visible_at: nowPlusMs(leaseMs) })
+    .from("held")
+    .where("i.consumer", "=", consumer)
+    .whereRef("i.message_id", "=", "held.message_id")
+    .compile()
+
+/** Marks a claimed row processed inside the handler's transaction, so the effect and the mark commit together. */
+export const markProcessedQuery = (
+  db: Kysely<TxboxDatabase>,
+  {
+    consumer,
+    key,
+    token,
+    attempts,
+  }: { readonly consumer: string; readonly key: string; readonly token: string; readonly attempts: number },
+): CompiledQuery =>
+  db
+    .updateTable("inbox")
+    .set({
+      status: sql.lit("processed" as const),
+      processed_at: now,
+      attempts,
+      lock_token: sql.lit(null),
+    })
+    .where("consumer", "=", consumer)
+    .where("message_id", "=", key)
+    .where("lock_token", "=", token)
+    .where("status", "=", pending)
+    .compile()
+
+/** `mark`'s one parameter: the failures as a JSON array of `MarkRecord`. */
+export const markFailures = (marks: ReadonlyArray<InboxMark>): string =>
+  JSON.stringify(
+    marks.map(
+      ({ key, verdict }): MarkRecord =>
+        verdict._tag === "Retry"
+          ? {
+              id: key,
+              status: "pending",
+              delay_ms: verdict.delayMs,
+              inc: verdict.spendsAttempt ? 1 : 0,
+              error: verdict.error,
+            }
+          : { id: key, status: "dead", delay_ms: 0, inc: 1, error: verdict.error },
+    ),
+  )
+
+/** Records a claim's failures (`markFailures`) in one statement: retry later or dead. Only rows `token` still holds change. */
+export const markQuery = (
+  db: Kysely<TxboxDatabase>,
+  {
+    consumer,
+    token,
+    failures,
+  }: { readonly consumer: string; readonly token: string; readonly failures: string },
+): CompiledQuery => {
+  // One JSON text parameter, as in the outbox's mark; a column definition list Kysely cannot say.
+  const u = sql<MarkRecord>`json_to_recordset(${failures}::text::json)`.as<"u">(
+    sql`u(id text, status text, delay_ms bigint, inc int, error text)`,
+  )
+  return db
+    .updateTable("inbox as i")
+    .from(u)
+    .set((eb) => ({
+      status: eb.ref("u.status"),
+      attempts: eb("i.attempts", "+", eb.ref("u.inc")),
+      // A dead row's delay is 0: due now, which nothing claims (it is not pending).
+      visible_at: nowPlusMs(eb.ref("u.delay_ms")),
+      last_error: eb.ref("u.error"),
+      lock_token: sql.lit(null),
+    }))
+    .where("i.consumer", "=", consumer)
+    .whereRef("i.message_id", "=", "u.id")
+    .where("i.lock_token", "=", token)
+    .where("i.status", "=", pending)
+    .compile()
+}
+
+/** The statements of one store, each compiled once for its schema. */
+export interface InboxStatements {
+  readonly insertProcessed: (params: ProcessedValues) => CompiledQuery<{ message_id: string }>
+  readonly insertPending: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
+  readonly insertDead: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
+  readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<StoredRow>
+  readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
+  readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
+  readonly markProcessed: (params: Parameters<typeof markProcessedQuery>[1]) => CompiledQuery
+  readonly mark: (params: Parameters<typeof markQuery>[1]) => CompiledQuery
+}
+
+/** Compiles every statement once for `db` (bound to txbox's schema). */
+export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
+  insertProcessed: prepare(db, insertProcessedQuery, {
+    key: "\0key",
+    consumer: "\0consumer",
+    type: "\0type",
+    version: -1,
+    payload: "\0payload",
+    headers: "\0headers",
+    partitionKey: "\0partitionKey",
+    tenantId: "\0tenantId",
+    attempts: -2,
+  }),
+  insertPending: prepare(db, (db, p: { readonly rows: string }) => insertRowsQuery(db, "pending", p), {
+    rows: "\0rows",
+  }),
+  insertDead: prepare(db, (db, p: { readonly rows: string }) => insertRowsQuery(db, "dead", p), {
+    rows: "\0rows",
+  }),
+  claim: prepare(db, claimQuery, { consumer: "\0consumer", limit: -1, token: "\0token", leaseMs: -2 }),
+  release: prepare(db, releaseQuery, { consumer: "\0consumer", token: "\0token" }),
+  extend: prepare(db, extendQuery, { consumer: "\0consumer", token: "\0token", leaseMs: -1 }),
+  markProcessed: prepare(db, markProcessedQuery, {
+    consumer: "\0consumer",
+    key: "\0key",
+    token: "\0token",
+    attempts: -1,
+  }),
+  mark: prepare(db, markQuery, { consumer: "\0consumer", token: "\0token", failures: "\0failures" }),
+})
+
+export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(function* () {
+  const database = yield* Database
+  // Bound to txbox's schema once. Statements are compiled here and run on
+  // whichever executor they belong to (the pool, or a handler's transaction).
+  const db = (database.db as Kysely<TxboxDatabase>).withSchema(database.schema)
+  const q = statements(db)
+
+  // biome-ignore lint/suspicious/noExplicitAny: the service's own database type, as the port hands it out
+  const inTransaction = (trx: Transaction<any>): InboxTransaction => ({
+    trx,
+    insertProcessed: (row) =>
+      tryStore("InboxStore.insertProcessed", () =>
+        trx
+          .executeQuery(q.insertProcessed({ ...row, headers: JSON.stringify(row.headers ?? {}) }))
+          .then((r) => r.rows.length === 1),
+      ),
+    markProcessed: (consumer, key, token, attempts) =>
+      tryStore("InboxStore.markProcessed", () =>
+        trx.executeQuery(q.markProcessed({ consumer, key, token, attempts })).then((r) => affected(r) === 1),
+      ),
+  })
+
+  const insertRows = (
+    operation: string,
+    statement: InboxStatements["insertPending"],
+    rows: ReadonlyArray<InboxRow>,
+  ) =>
+    rows.length === 0
+      ? Effect.succeed(0)
+      : tryStore(operation, () =>
+          db.executeQuery(statement({ rows: storedRows(rows) })).then((r) => r.rows.length),
+        )
+
+  const claim = Effect.fn("InboxStore.claim")(function* (consumer: string, limit: number, leaseMs: number) {
+    const token = uuidv7()
+    const rows = yield* tryStore("InboxStore.claim", (signal) => {
+      const claimed = db.executeQuery(q.claim({ consumer, limit, token, leaseMs })).then((r) => r.rows)
+      // Given up on (interrupted, e.g. timed out), the statement may still run
+      // later: hand whatever it claims straight back rather than leave it to the lease.
+      signal.addEventListener(
+        "abort",
+        () => {
+          claimed
+            .then((rows) => (rows.length > 0 ? db.executeQuery(q.release({ consumer, token })) : undefined))
+            .catch(() => undefined)
+        },
+        { once: true },
+      )
+      return claimed
+    })
+    return { token, rows: rows.map(toRow) } satisfies Claim<InboxRow>
+  })
+
+  return {
+    transaction: (use) =>
+      withTransaction(database.db, (trx) => use(inTransaction(trx)), {
+        commitRefusesAborted: database.commitRefusesAborted === true,
+      }),
+    insertPending: (rows) => insertRows("InboxStore.insertPending", q.insertPending, rows),
+    insertDead: (rows) => insertRows("InboxStore.insertDead", q.insertDead, rows),
+    claim,
+    extend: (consumer, token, leaseMs) =>
+      tryStore("InboxStore.extend", () =>
+        db.executeQuery(q.extend({ consumer, token, leaseMs })).then(affected),
+      ),
+    mark: (consumer, token, marks) =>
+      marks.length === 0
+        ? Effect.succeed(0)
+        : tryStore("InboxStore.mark", () =>
+            db.executeQuery(q.mark({ consumer, token, failures: markFailures(marks) })).then(affected),
+          ),
+    wakeups: (onWake) => database.listen(notifyChannel(database.schema, "inbox"), onWake),
+  } satisfies InboxStoreShape
+})
+
+export const layer: Layer.Layer<InboxStore, never, Database> = Layer.effect(InboxStore, make)

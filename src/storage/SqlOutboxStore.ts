@@ -1,0 +1,298 @@
+/**
+ * The `OutboxStore` port over SQL (PostgreSQL or PGlite, any Kysely driver):
+ * one statement per claim, per batch of marks, per release. That is the whole
+ * performance story of the relay's database side, so every statement below
+ * keeps the shape of the hand-written SQL it replaced (storage/outboxSql.ts).
+ *
+ * Written with Kysely's typed builder over `TxboxDatabase`, so a misspelt
+ * column or status fails to compile; `sql` fragments only where the builder
+ * has no words, each saying why. Three rules hold throughout:
+ * - `status = 'pending'` is a literal (`sql.lit`), never a parameter: the
+ *   claim's index is partial (`WHERE status = 'pending'`), and a generic plan
+ *   (postgres.js prepares statements) cannot prove a parameter matches it.
+ *   Bound, the claim's generic plan is a sequential scan and a sort.
+ * - JSON goes in as text cast in SQL (`::text::json`): postgres.js and PGlite
+ *   serialise a parameter by the type the server infers, so a string bound
+ *   straight to a json parameter would be encoded a second time.
+ * - Each statement is compiled once per store (`prepare`), not per call.
+ */
+import { Effect, Layer } from "effect"
+import { type CompiledQuery, createQueryId, type Expression, type Kysely, sql } from "kysely"
+import { tryStore } from "../core/dbErrors.ts"
+import { uuidv7 } from "../core/uuid.ts"
+import { Database, notifyChannel } from "../ports/Database.ts"
+import type { Claim } from "../ports/lease.ts"
+import {
+  type OutboxMark,
+  type OutboxMessage,
+  OutboxStore,
+  type OutboxStoreShape,
+} from "../ports/OutboxStore.ts"
+import type { TxboxDatabase } from "../ports/tables.ts"
+import * as opsSql from "./opsSql.ts"
+import { prepare } from "./prepared.ts"
+import { affected, now, nowPlusMs, pending } from "./sqlFragments.ts"
+
+/** A claimed row as the database returns it. */
+export interface ClaimedRow {
+  readonly id: string
+  readonly type: string
+  readonly version: number
+  readonly payload: string
+  readonly headers: Record<string, string>
+  readonly routing_key: string | null
+  readonly partition_key: string | null
+  readonly tenant_id: string | null
+  readonly occurred_at: Date
+  readonly attempts: number
+}
+
+/** One verdict as it travels in `mark`'s JSON parameter. */
+interface MarkRecord {
+  readonly id: string
+  readonly status: "sent" | "pending" | "dead"
+  readonly delay_ms: number
+  readonly inc: number
+  readonly error: string | null
+}
+
+/**
+ * Claims up to `limit` due rows: locks them with SKIP LOCKED (other relays take
+ * the next rows instead of waiting), stamps them with `token` and pushes
+ * `visible_at` out by the lease. Autocommit, so no transaction stays open while
+ * the batch is published; a relay that dies leaves rows that come due again
+ * when the lease ends.
+ */
+export const claimQuery = (
+  db: Kysely<TxboxDatabase>,
+  { limit, token, leaseMs }: { readonly limit: number; readonly token: string; readonly leaseMs: number },
+): CompiledQuery<ClaimedRow> =>
+  db
+    .with("due", (qb) =>
+      qb
+        .selectFrom("outbox")
+        .select("id")
+        .where("status", "=", pending)
+        .where("visible_at", "<=", now)
+        .orderBy("visible_at")
+        .limit(limit)
+        .forUpdate()
+        .skipLocked(),
+    )
+    .updateTable("outbox as o")
+    .set({ lock_token: token, visible_at: nowPlusMs(leaseMs) })
+    .from("due")
+    .whereRef("o.id", "=", "due.id")
+    .returning((eb) => [
+      "o.id",
+      "o.type",
+      "o.version",
+      // The payload as JSON text, so the relay never parses and re-serialises it.
+      eb.cast<string>("o.payload", "text").as("payload"),
+      "o.headers",
+      "o.routing_key",
+      "o.partition_key",
+      "o.tenant_id",
+      "o.occurred_at",
+      "o.attempts",
+    ])
+    .compile()
+
+/** `mark`'s one parameter: the verdicts as a JSON array of `MarkRecord`. */
+export const markVerdicts = (marks: ReadonlyArray<OutboxMark>): string =>
+  JSON.stringify(
+    marks.map(
+      ({ id, verdict }): MarkRecord =>
+        verdict._tag === "Done"
+          ? { id, status: "sent", delay_ms: 0, inc: 0, error: null }
+          : verdict._tag === "Retry"
+            ? {
+                id,
+                status: "pending",
+                delay_ms: verdict.delayMs,
+                inc: verdict.spendsAttempt ? 1 : 0,
+                error: verdict.error,
+              }
+            : { id, status: "dead", delay_ms: 0, inc: 1, error: verdict.error },
+    ),
+  )
+
+/**
+ * Records a whole batch's verdicts (`markVerdicts`) in one statement. Rows are
+ * matched on the claim's token as well as the id: if this relay's lease ran out
+ * and another relay claimed the row, the mark changes nothing (the count tells).
+ */
+export const markQuery = (
+  db: Kysely<TxboxDatabase>,
+  { token, verdicts }: { readonly token: string; readonly verdicts: string },
+): CompiledQuery => {
+  // One JSON text parameter: every driver (postgres.js, node-postgres, PGlite)
+  // binds a string the same way, which typed arrays for UNNEST do not
+  // guarantee. Kysely cannot say a function's column definition list.
+  const u = sql<MarkRecord>`json_to_recordset(${verdicts}::text::json)`.as<"u">(
+    sql`u(id uuid, status text, delay_ms bigint, inc int, error text)`,
+  )
+  return db
+    .updateTable("outbox as o")
+    .from(u)
+    .set((eb) => ({
+      status: eb.ref("u.status"),
+      attempts: eb("o.attempts", "+", eb.ref("u.inc")),
+      visible_at: eb
+        .case()
+        .when("u.status", "=", pending)
+        .then(nowPlusMs(eb.ref("u.delay_ms")))
+        .else(eb.ref("o.visible_at"))
+        .end(),
+      published_at: eb
+        .case()
+        .when("u.status", "=", sql.lit("sent" as const))
+        .then(now)
+        .else(eb.ref("o.published_at"))
+        .end(),
+      // Done carries no error: the last one stays.
+      last_error: eb.fn.coalesce("u.error", "o.last_error"),
+      lock_token: sql.lit(null),
+    }))
+    .whereRef("o.id", "=", "u.id")
+    .where("o.lock_token", "=", token)
+    .where("o.status", "=", pending)
+    .compile()
+}
+
+/** Hands every row `token` holds back, due now. */
+export const releaseQuery = (
+  db: Kysely<TxboxDatabase>,
+  { token }: { readonly token: string },
+): CompiledQuery =>
+  db
+    .updateTable("outbox")
+    .set({ lock_token: sql.lit(null), visible_at: now })
+    .where("lock_token", "=", token)
+    .where("status", "=", pending)
+    .compile()
+
+/** Pushes the lease of every row `token` still holds out to now + `leaseMs`. */
+export const extendQuery = (
+  db: Kysely<TxboxDatabase>,
+  { token, leaseMs }: { readonly token: string; readonly leaseMs: number },
+): CompiledQuery =>
+  db
+    .updateTable("outbox")
+    .set({ visible_at: nowPlusMs(leaseMs) })
+    .where("lock_token", "=", token)
+    .where("status", "=", pending)
+    .compile()
+
+/** The age of the oldest due pending row: an index-first-entry read on the partial index. */
+export const lagQuery = (db: Kysely<TxboxDatabase>): CompiledQuery<{ lag: number | string | null }> =>
+  db
+    .selectFrom("outbox")
+    // extract(epoch FROM …) is no function call Kysely can build.
+    .select((eb) =>
+      sql<number | string | null>`extract(epoch FROM now() - ${eb.fn.min("visible_at")})`.as("lag"),
+    )
+    .where("status", "=", pending)
+    .where("visible_at", "<=", now)
+    .compile()
+
+/** The statements of one store, each compiled once for its schema. */
+export interface OutboxStatements {
+  readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimedRow>
+  readonly mark: (params: Parameters<typeof markQuery>[1]) => CompiledQuery
+  readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
+  readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
+  readonly lag: () => CompiledQuery<{ lag: number | string | null }>
+}
+
+/** Compiles every statement once for `db` (bound to txbox's schema). */
+export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
+  const lag = lagQuery(db)
+  return {
+    claim: prepare(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2 }),
+    mark: prepare(db, markQuery, { token: "\0token", verdicts: "\0verdicts" }),
+    release: prepare(db, releaseQuery, { token: "\0token" }),
+    extend: prepare(db, extendQuery, { token: "\0token", leaseMs: -1 }),
+    lag: () => ({ ...lag, queryId: createQueryId() }),
+  }
+}
+
+const toMessage = (row: ClaimedRow): OutboxMessage => ({
+  id: row.id,
+  type: row.type,
+  version: row.version,
+  payload: row.payload,
+  headers: row.headers ?? {},
+  routingKey: row.routing_key,
+  partitionKey: row.partition_key,
+  tenantId: row.tenant_id,
+  occurredAt: row.occurred_at,
+  attempts: row.attempts,
+})
+
+export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen(function* () {
+  const database = yield* Database
+  // Bound to txbox's schema once; `withSchema` leaves the CTE's name alone.
+  const db = (database.db as Kysely<TxboxDatabase>).withSchema(database.schema)
+  const q = statements(db)
+
+  const release = (token: string): Promise<number> => db.executeQuery(q.release({ token })).then(affected)
+
+  const claim = Effect.fn("OutboxStore.claim")(function* (limit: number, leaseMs: number) {
+    const token = uuidv7()
+    const rows = yield* tryStore("OutboxStore.claim", (signal) => {
+      const claimed = db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => r.rows)
+      // Given up on (interrupted, e.g. timed out), the statement may still run
+      // later: hand whatever it claims straight back rather than leave it to the lease.
+      signal.addEventListener(
+        "abort",
+        () => {
+          claimed.then((rows) => (rows.length > 0 ? release(token) : 0)).catch(() => 0)
+        },
+        { once: true },
+      )
+      return claimed
+    })
+    return { token, rows: rows.map(toMessage) } satisfies Claim<OutboxMessage>
+  })
+
+  const mark = (token: string, marks: ReadonlyArray<OutboxMark>) =>
+    marks.length === 0
+      ? Effect.succeed(0)
+      : tryStore("OutboxStore.mark", () =>
+          db.executeQuery(q.mark({ token, verdicts: markVerdicts(marks) })).then(affected),
+        )
+
+  const lagSeconds = tryStore("OutboxStore.lag", async () => {
+    const result = await db.executeQuery(q.lag())
+    return Math.max(0, Number(result.rows[0]?.lag ?? 0))
+  })
+
+  const purgeSent = Effect.fn("OutboxStore.purgeSent")(function* (
+    olderThanSeconds: number,
+    batchSize: number,
+  ) {
+    // One cutoff for every batch: rows that age past it meanwhile wait for the
+    // next purge, so the loop is sure to end.
+    const before = yield* opsSql.cutoff(database, olderThanSeconds)
+    let deleted = 0
+    while (true) {
+      const n = yield* opsSql.purgeSent(database, before, batchSize)
+      deleted += n
+      if (n < batchSize) return deleted
+    }
+  })
+
+  return {
+    claim,
+    mark,
+    release: (token) => tryStore("OutboxStore.release", () => release(token)),
+    extend: (token, leaseMs) =>
+      tryStore("OutboxStore.extend", () => db.executeQuery(q.extend({ token, leaseMs })).then(affected)),
+    lagSeconds,
+    purgeSent,
+    wakeups: (onWake) => database.listen(notifyChannel(database.schema, "outbox"), onWake),
+  } satisfies OutboxStoreShape
+})
+
+export const layer: Layer.Layer<OutboxStore, never, Database> = Layer.effect(OutboxStore, make)

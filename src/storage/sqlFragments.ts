@@ -1,0 +1,26 @@
+/**
+ * The few SQL pieces both SQL stores need where Kysely's builder has no words.
+ */
+import { type Expression, sql } from "kysely"
+
+/**
+ * `now() + n ms`: Kysely has no interval arithmetic. A number is bound as a
+ * parameter (cast, so the driver need not guess its type); a column is referenced.
+ */
+export const nowPlusMs = (ms: number | Expression<number>) =>
+  typeof ms === "number"
+    ? sql<Date>`now() + ${ms}::int * interval '1 millisecond'`
+    : sql<Date>`now() + ${ms} * interval '1 millisecond'`
+
+export const now = sql<Date>`now()`
+
+/**
+ * `'pending'` as a literal, never a parameter: the due indexes are partial
+ * (`WHERE status = 'pending'`), and a generic plan cannot prove a bound
+ * parameter matches them. `as const` keeps it typed against the status column.
+ */
+export const pending = sql.lit("pending" as const)
+
+/** Rows an UPDATE or DELETE changed. */
+export const affected = (result: { readonly numAffectedRows?: bigint }): number =>
+  Number(result.numAffectedRows ?? 0n)

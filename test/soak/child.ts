@@ -1,0 +1,58 @@
+// What the soak's producer, relay and consumer processes share: their environment, the store
+// wiring of the README quickstart, and a life that ends on SIGTERM (gracefully) or SIGKILL.
+import { writeSync } from "node:fs"
+import { Cause, Effect, Exit, Fiber } from "effect"
+import type { PostgresStoreConfig } from "../../src/postgres.ts"
+
+export const required = (name: string): string => {
+  const value = process.env[name]
+  if (value === undefined || value === "") throw new Error(`${name} is required`)
+  return value
+}
+
+/**
+ * The store's configuration: `driver` only when DRIVER is set. Unset means the library's default,
+ * with no driver option at all, so the suite exercises exactly what a user gets by default.
+ */
+export const storeConfig = (): PostgresStoreConfig => {
+  const url = required("DB_URL")
+  const driver = process.env.DRIVER
+  if (driver === undefined || driver === "") return { url }
+  if (driver !== "pg" && driver !== "postgres.js")
+    throw new Error(`DRIVER must be pg or postgres.js, got ${driver}`)
+  return { url, driver }
+}
+
+/**
+ * A line on stderr, written synchronously: it must reach the log even when the process SIGKILLs
+ * itself on the next statement (a buffered write would be lost with the process).
+ */
+export const logLine = (line: string): void => {
+  writeSync(2, `${new Date().toISOString()} ${line}\n`)
+}
+
+/** The orchestrator waits for this line on stdout before it counts a process as running. */
+export const announce = (line: string): void => {
+  writeSync(1, `${line}\n`)
+}
+
+/**
+ * Runs `program` until SIGTERM, which interrupts it (closing its layers gracefully) and exits 0.
+ * A program that ends by itself is a failure the orchestrator must see: exit 1 with its cause.
+ */
+export const runUntilSigterm = async (name: string, program: Effect.Effect<unknown, unknown>) => {
+  const fiber = Effect.runFork(program)
+  let stopping = false
+  process.on("SIGTERM", () => {
+    stopping = true
+    logLine(`${name}: SIGTERM, stopping`)
+    Effect.runPromise(Fiber.interrupt(fiber)).then(() => process.exit(0))
+  })
+  const exit = await Effect.runPromise(Fiber.await(fiber))
+  if (!stopping) {
+    logLine(
+      `${name} ended by itself: ${Exit.isFailure(exit) ? Cause.pretty(exit.cause) : "success (it should never end)"}`,
+    )
+    process.exit(1)
+  }
+}

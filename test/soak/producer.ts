@@ -1,0 +1,82 @@
+// A producer process for the soak: a loop of business transactions, each writing 1–3 orders and one
+// event per order with `Outbox.enqueue` in the same transaction; a share of them roll back on
+// purpose after writing both. Wired as in the README quickstart (the store's own Kysely).
+// env: DB_URL, DRIVER (unset = the library's default driver), RATE (transactions per second,
+//   default 25), ROLLBACK_FRACTION (default 0.1), PRODUCER (a name for its log lines)
+// Prints `progress {json}` every 2 s and `done {json}` after SIGTERM, when it exits 0.
+import { randomUUID } from "node:crypto"
+import { Effect, ManagedRuntime } from "effect"
+import { Database, Outbox } from "../../src/index.ts"
+import { PostgresStore } from "../../src/postgres.ts"
+import { announce, logLine, storeConfig } from "./child.ts"
+import { OrderPlaced } from "./contract.ts"
+
+const rate = Number(process.env.RATE ?? "25")
+const rollbackFraction = Number(process.env.ROLLBACK_FRACTION ?? "0.1")
+const name = process.env.PRODUCER ?? "producer"
+
+class IntendedRollback extends Error {}
+
+const runtime = ManagedRuntime.make(PostgresStore.layer(storeConfig()))
+const { db } = await runtime.runPromise(
+  Effect.gen(function* () {
+    return yield* Database
+  }),
+)
+
+const stats = { transactions: 0, committed: 0, rolledBack: 0, failed: 0, lastCommitAt: "" }
+let stopping = false
+process.on("SIGTERM", () => {
+  stopping = true
+})
+const report = (what: "progress" | "done") => announce(`${what} ${JSON.stringify(stats)}`)
+const timer = setInterval(() => report("progress"), 2000)
+
+announce("producer started")
+let seq = 0
+let rollbacks = 0
+let next = performance.now()
+while (!stopping) {
+  const size = 1 + Math.floor(Math.random() * 3)
+  const rollback = Math.random() < rollbackFraction
+  const orders = Array.from({ length: size }, () => ({
+    id: randomUUID(),
+    // Positive for orders meant to commit, negative for those of a transaction that rolls back.
+    n: rollback ? -++rollbacks : ++seq,
+  }))
+  stats.transactions++
+  try {
+    await db.transaction().execute(async (trx) => {
+      for (const order of orders) {
+        await trx.insertInto("orders").values(order).execute()
+        // Run under the store's runtime: enqueue writes to the schema the relay reads (TxboxSchema).
+        await runtime.runPromise(
+          Outbox.enqueue(trx, OrderPlaced, { orderId: order.id, n: order.n }, { partitionKey: order.id }),
+        )
+      }
+      if (rollback) throw new IntendedRollback("rolled back on purpose")
+    })
+    stats.committed += size
+    stats.lastCommitAt = new Date().toISOString()
+  } catch (error) {
+    if (error instanceof IntendedRollback) {
+      stats.rolledBack += size
+    } else {
+      // A fault (database restarted, connection cut): the outcome may be unknown (a lost COMMIT
+      // reply), which is fine — the orchestrator counts committed orders from the table.
+      stats.failed++
+      logLine(`${name}: transaction failed: ${error instanceof Error ? error.message : String(error)}`)
+      await new Promise((resolve) => setTimeout(resolve, 100))
+    }
+  }
+  // Paced, without catching up in a burst after an outage.
+  next += 1000 / rate
+  const now = performance.now()
+  if (next < now - 1000) next = now
+  if (next > now) await new Promise((resolve) => setTimeout(resolve, next - now))
+}
+
+clearInterval(timer)
+report("done")
+await runtime.dispose()
+process.exit(0)

@@ -1,0 +1,26 @@
+// A relay process for the soak, wired as in the README quickstart with the library's defaults.
+// env: DB_URL, AMQP_URL, EXCHANGE, DRIVER (unset = the library's default driver)
+// SIGTERM stops it gracefully and exits 0; the orchestrator also SIGKILLs it as a fault.
+import { Effect, Layer } from "effect"
+import { AmqpTransport } from "../../src/amqp.ts"
+import { Relay } from "../../src/index.ts"
+import { PostgresStore } from "../../src/postgres.ts"
+import { announce, required, runUntilSigterm, storeConfig } from "./child.ts"
+
+const infra = Layer.mergeAll(
+  PostgresStore.layer(storeConfig()),
+  // The exchange is named per run only to isolate runs sharing a broker; it changes no behaviour.
+  AmqpTransport.layer({ url: required("AMQP_URL"), exchange: required("EXCHANGE") }),
+)
+
+// No options at all: lease (30 s), poll interval, batch size, retries and outage backoff are the
+// defaults, because the soak's point is that the default configuration rides out the faults.
+const program = Effect.scoped(
+  Effect.gen(function* () {
+    yield* Relay.make()
+    announce("relay started")
+    return yield* Effect.never
+  }),
+).pipe(Effect.provide(infra))
+
+await runUntilSigterm("relay", program)
