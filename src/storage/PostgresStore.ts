@@ -19,6 +19,7 @@ import { ConfigError, redactUrls, type StoreError } from "../Errors.ts"
 import { Database, type DatabaseShape } from "../ports/Database.ts"
 import type { TxboxStore } from "../ports/stores.ts"
 import { makeRetryPolicy, schedule } from "../Retry.ts"
+import { PING_PAYLOAD, watchedListen } from "./listenWatchdog.ts"
 import { sqlStores } from "./storeLayer.ts"
 
 export interface PostgresStoreConfig {
@@ -70,6 +71,9 @@ const validate = (config: PostgresStoreConfig) => {
 const relisten = Schedule.exponential("200 millis").pipe(Schedule.jittered)
 // ... and forever once it was up, capped at 5 s between attempts.
 const relistenForever = schedule(makeRetryPolicy({ initialDelay: "200 millis", maxDelay: "5 seconds" }))
+// How often a postgres.js LISTEN is checked, and how long its ping may take to come back.
+const LISTEN_PING_EVERY_MS = 5_000
+const LISTEN_PING_WITHIN_MS = 5_000
 
 /**
  * Makes COMMIT of an aborted transaction fail instead of rolling back
@@ -108,15 +112,26 @@ const postgresJs = (config: PostgresStoreConfig, v: ReturnType<typeof validate>)
       Effect.sync(() => new Kysely<unknown>({ dialect: new PostgresJSDialect({ postgres: client }) })),
       (db) => Effect.promise(() => db.destroy().catch(() => undefined)),
     )
+    // postgres.js gives up on a LISTEN whose re-issue after a reconnect fails (the server still
+    // down), without a word: the watchdog notices and subscribes again.
     const listen = (channel: string, onNotify: () => void): Effect.Effect<void, StoreError, Scope.Scope> =>
-      Effect.acquireRelease(
-        Effect.tryPromise({
-          // postgres.js re-issues LISTEN on its own after a reconnect.
-          try: () => client.listen(channel, () => onNotify()),
+      watchedListen({
+        subscribe: (onPayload) =>
+          Effect.tryPromise({
+            // postgres.js calls `onlisten` after each LISTEN it issues, its own re-issues included:
+            // a NOTIFY sent while none was up is lost, so the loop looks once then.
+            try: () => client.listen(channel, onPayload, onNotify),
+            catch: (cause) => classifyDbError("listen", cause),
+          }).pipe(Effect.retry({ schedule: relisten, times: 5 })),
+        ping: Effect.tryPromise({
+          try: () => client.notify(channel, PING_PAYLOAD),
           catch: (cause) => classifyDbError("listen", cause),
-        }).pipe(Effect.retry({ schedule: relisten, times: 5 })),
-        (sub) => Effect.promise(() => sub.unlisten().catch(() => undefined)),
-      ).pipe(Effect.asVoid)
+        }),
+        onNotify,
+        resubscribe: (subscribe) => subscribe.pipe(Effect.retry({ schedule: relistenForever }), Effect.orDie),
+        every: LISTEN_PING_EVERY_MS,
+        within: LISTEN_PING_WITHIN_MS,
+      })
     return { db, listen }
   })
 
@@ -158,7 +173,9 @@ const nodePostgres = (config: PostgresStoreConfig, v: ReturnType<typeof validate
               application_name: "txbox/pg-listen",
             })
             client.on("error", () => {})
-            client.on("notification", () => onNotify())
+            client.on("notification", (message) => {
+              if (message.payload !== PING_PAYLOAD) onNotify()
+            })
             try {
               await client.connect()
               await client.query(`LISTEN "${channel.replaceAll('"', '""')}"`)
@@ -190,9 +207,10 @@ const nodePostgres = (config: PostgresStoreConfig, v: ReturnType<typeof validate
             while (true) {
               yield* ended(client)
               current = undefined
-              // A wake-up may have been missed while disconnected: let the loop look once.
-              onNotify()
               client = yield* connect.pipe(Effect.retry({ schedule: relistenForever }), Effect.orDie)
+              // A NOTIFY sent while no LISTEN was up is lost: look once now that one is (before
+              // the LISTEN, a NOTIFY could still slip between the look and the LISTEN).
+              onNotify()
             }
           })
         const first = yield* connect.pipe(Effect.retry({ schedule: relisten, times: 5 }))

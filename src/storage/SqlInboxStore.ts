@@ -10,7 +10,7 @@
  * statement is compiled once per store (`prepare`).
  */
 import { Effect, Layer } from "effect"
-import { type CompiledQuery, type Expression, type Kysely, sql, type Transaction } from "kysely"
+import { type CompiledQuery, type Kysely, sql, type Transaction } from "kysely"
 import { tryStore } from "../core/dbErrors.ts"
 import { uuidv7 } from "../core/uuid.ts"
 import { Database, notifyChannel } from "../ports/Database.ts"

@@ -17,7 +17,7 @@
  * - Each statement is compiled once per store (`prepare`), not per call.
  */
 import { Effect, Layer } from "effect"
-import { type CompiledQuery, createQueryId, type Expression, type Kysely, sql } from "kysely"
+import { type CompiledQuery, createQueryId, type Kysely, sql } from "kysely"
 import { tryStore } from "../core/dbErrors.ts"
 import { uuidv7 } from "../core/uuid.ts"
 import { Database, notifyChannel } from "../ports/Database.ts"
