@@ -8,7 +8,8 @@ import { sql } from "kysely"
 import * as Inbox from "../src/Inbox.ts"
 import * as PostgresStore from "../src/storage/PostgresStore.ts"
 import * as AmqpTransport from "../src/transport/amqp/AmqpTransport.ts"
-import { queueName } from "../src/transport/amqp/subscriber.ts"
+import { defaults } from "../src/transport/amqp/config.ts"
+import { consumerQueueArguments, deadQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
 import { deleteTopology, prefillQueue, type QueueType, rawConsume, uniqueName } from "./support/amqp.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
@@ -56,7 +57,17 @@ main(() =>
     const n = config.messages
     const prefill = async () => {
       const started = performance.now()
-      await prefillQueue(services.amqpUrl, { exchange, queue, queueType: config.queueType, count: n })
+      // Declared as txbox declares it, so the inbox's subscription finds it equivalent.
+      await prefillQueue(services.amqpUrl, {
+        exchange,
+        queue,
+        queueType: config.queueType,
+        count: n,
+        arguments: consumerQueueArguments(consumer, {
+          queueType: config.queueType,
+          deliveryLimit: defaults.deliveryLimit,
+        }),
+      })
       log(`queue pre-filled with ${n} messages in ${Math.round(performance.now() - started)} ms`)
     }
     const runs: Run[] = []
@@ -170,7 +181,10 @@ main(() =>
       }
       writeResult("inbox", args, services, { summary, config, results: runs })
     } finally {
-      await deleteTopology(services.amqpUrl, { queues: [queue], exchanges: [exchange] })
+      await deleteTopology(services.amqpUrl, {
+        queues: [queue, deadQueueName(consumer)],
+        exchanges: [exchange],
+      })
       await bench.drop()
     }
   }),

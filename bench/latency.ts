@@ -9,7 +9,7 @@ import { Kysely } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
 import * as Outbox from "../src/Outbox.ts"
-import { queueName } from "../src/transport/amqp/subscriber.ts"
+import { deadQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
 import { spawnChild, spawnRelay } from "./support/children.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
@@ -121,7 +121,10 @@ main(() =>
         }
       } finally {
         await inbox.stop()
-        await deleteTopology(services.amqpUrl, { queues: [queueName(consumer)], exchanges: [exchange] })
+        await deleteTopology(services.amqpUrl, {
+          queues: [queueName(consumer), deadQueueName(consumer)],
+          exchanges: [exchange],
+        })
       }
 
       async function scenario(wake: "notify" | "poll", rate: number, relayPid: number): Promise<Scenario> {

@@ -150,6 +150,8 @@ export const prefillQueue = async (
     readonly queueType: QueueType
     readonly count: number
     readonly encode?: (i: number) => Encoded
+    /** The queue's arguments; the default is only its type. Pass txbox's for a queue txbox consumes. */
+    readonly arguments?: Record<string, unknown>
   },
 ): Promise<void> => {
   const connection = await amqp.connect(url)
@@ -158,7 +160,7 @@ export const prefillQueue = async (
     await channel.assertExchange(options.exchange, "topic", { durable: true })
     await channel.assertQueue(options.queue, {
       durable: true,
-      arguments: { "x-queue-type": options.queueType },
+      arguments: options.arguments ?? { "x-queue-type": options.queueType },
     })
     await channel.bindQueue(options.queue, options.exchange, BENCH_TYPE)
     const encode = options.encode ?? ((i: number) => encodeBench(i))

@@ -142,6 +142,21 @@ export const makeConsumer = (p: InboxParts) => {
       Effect.catch(() => Effect.succeed({ _tag: "Retry", delayMs: 1000, spendsAttempt: false } as const)),
     )
 
+  /**
+   * The broker gave up on the message (it came back to the queue more than the
+   * delivery limit allows): record it dead with the broker's reason, unhandled.
+   * A message the inbox already processed keeps its processed row.
+   */
+  const deadLettered = (delivery: Delivery, reason: string): Effect.Effect<DeliveryDecision> =>
+    Effect.gen(function* () {
+      const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, delivery.attempt)
+      const why = `dead-lettered by the broker: ${reason}`
+      return yield* recordDead({
+        ...decoded.row,
+        lastError: decoded._tag === "Bad" ? `${why}; ${decoded.row.lastError}` : why,
+      })
+    }).pipe(Effect.catch((error: StoreError) => outageDecision(delivery, error)))
+
   const committed = (delivery: Delivery) =>
     Effect.gen(function* () {
       yield* touch
@@ -151,6 +166,7 @@ export const makeConsumer = (p: InboxParts) => {
 
   const idempotent = (delivery: Delivery): Effect.Effect<DeliveryDecision> =>
     Effect.gen(function* () {
+      if (delivery.deadLettered !== undefined) return yield* deadLettered(delivery, delivery.deadLettered)
       const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, delivery.attempt)
       if (decoded._tag === "Bad") return yield* recordDead(decoded.row)
       const outcome = yield* p.store
@@ -201,6 +217,7 @@ export const makeConsumer = (p: InboxParts) => {
 
   const storeThenProcess = (delivery: Delivery): Effect.Effect<DeliveryDecision> =>
     Effect.gen(function* () {
+      if (delivery.deadLettered !== undefined) return yield* deadLettered(delivery, delivery.deadLettered)
       // Stored with no tries made: the processor's first run is attempt 1.
       const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, 0)
       if (decoded._tag === "Bad") return yield* recordDead({ ...decoded.row, attempts: 1 })

@@ -57,6 +57,12 @@ export interface Delivery {
   readonly attempt: number
   /** The broker says it may have been delivered before (lost ack, consumer crash). */
   readonly redelivered: boolean
+  /**
+   * Set when the broker gave up on the message and dead-lettered it (e.g. it
+   * came back to its queue more than the delivery limit allows): why. The
+   * consumer records it dead instead of handling it.
+   */
+  readonly deadLettered?: string
 }
 
 /**

@@ -1,7 +1,13 @@
 import { describe, expect, test } from "bun:test"
 import type { Message } from "amqplib"
 import type { OutgoingMessage } from "../../src/ports/Transport.ts"
-import { decodeDelivery, encodeMessage, Headers, retryCopyOptions } from "../../src/transport/amqp/wire.ts"
+import {
+  deadLetterReason,
+  decodeDelivery,
+  encodeMessage,
+  Headers,
+  retryCopyOptions,
+} from "../../src/transport/amqp/wire.ts"
 
 const outgoing = (overrides: Partial<OutgoingMessage> = {}): OutgoingMessage => ({
   id: "0190a0b0-0000-7000-8000-000000000001",
@@ -245,5 +251,43 @@ describe("retryCopyOptions", () => {
     const copy = retryCopyOptions(asDelivered({}, Buffer.from("")), 2, -50)
     expect(copy.expiration).toBe("0")
     expect(copy.headers).toEqual({ "x-txbox-attempt": 2 })
+  })
+})
+
+describe("deadLetterReason", () => {
+  test("names the newest x-death entry: reason, queue and count", () => {
+    const message = asDelivered(
+      {
+        // RabbitMQ 3.10+ also says delivery_limit, which amqplib's XDeath type does not list.
+        headers: {
+          "x-death": [
+            { reason: "delivery_limit", queue: "txbox.orders", count: 1 },
+            { reason: "expired", queue: "txbox.orders.delay.1", count: 2 },
+          ],
+        } as unknown as Message["properties"]["headers"],
+      },
+      Buffer.from("{}"),
+    )
+    expect(deadLetterReason(message)).toBe("delivery_limit in txbox.orders (x-death count 1)")
+  })
+
+  test("a message without x-death still gets a reason", () => {
+    expect(deadLetterReason(asDelivered({}, Buffer.from("")))).toBe("dead-lettered by the broker")
+    expect(
+      deadLetterReason(
+        asDelivered(
+          { headers: { "x-death": "odd" } as unknown as Message["properties"]["headers"] },
+          Buffer.from(""),
+        ),
+      ),
+    ).toBe("dead-lettered by the broker")
+  })
+})
+
+describe("retryCopyOptions for the consumer queue itself", () => {
+  test("sets no TTL, which would dead-letter the copy there", () => {
+    const copy = retryCopyOptions(asDelivered({ messageId: "m" }, Buffer.from("{}")), 2, undefined)
+    expect(copy.expiration).toBeUndefined()
+    expect(copy.headers?.[Headers.attempt]).toBe(2)
   })
 })

@@ -36,6 +36,17 @@ export interface AmqpTransportConfig {
   readonly publishTimeout?: Duration.Input
   /** `x-queue-type` of consumer queues; quorum queues replicate and confirm faster here. @default "quorum" */
   readonly queueType?: "quorum" | "classic"
+  /**
+   * How many times a message may come back to its consumer queue unsettled (a
+   * consumer that died or lost its connection holding it, a requeue) before
+   * RabbitMQ moves it to `txbox.<consumer>.dead`, which the inbox records as
+   * a dead row. Handler retries do not count: they go through delay queues.
+   * Set explicitly because RabbitMQ 4.x gives quorum queues a default limit
+   * of 20 and, with no dead-letter target, drops the message at it; 3.x has
+   * no default. Quorum queues only (classic queues have no delivery limit).
+   * @default 20
+   */
+  readonly deliveryLimit?: number
   /** Backoff for reconnecting after the connection is lost or cannot be opened. @default { initialDelay: "500 millis", factor: 2, maxDelay: "30 seconds" } */
   readonly reconnect?: ReconnectPolicy
   /** AMQP heartbeat (whole seconds; 0 disables). A dead peer is noticed after about two intervals. @default "30 seconds" */
@@ -70,6 +81,7 @@ export interface ResolvedConfig {
   readonly publishWindow: number
   readonly publishTimeoutMs: number
   readonly queueType: "quorum" | "classic"
+  readonly deliveryLimit: number
   readonly reconnect: Schedule.Schedule<Duration.Duration>
   /** Pause after a lost connection before the first reconnect attempt. */
   readonly reconnectInitialMs: number
@@ -86,6 +98,7 @@ export const defaults = {
   publishWindow: 2000,
   publishTimeout: "10 seconds",
   queueType: "quorum",
+  deliveryLimit: 20,
   reconnect: { initialDelay: "500 millis", factor: 2, maxDelay: "30 seconds" },
   heartbeat: "30 seconds",
   connectTimeout: "10 seconds",
@@ -148,6 +161,11 @@ const resolveUnsafe = (config: AmqpTransportConfig): ResolvedConfig => {
     publishWindow: positiveInteger("publishWindow", config.publishWindow ?? defaults.publishWindow),
     publishTimeoutMs: millis("publishTimeout", config.publishTimeout ?? defaults.publishTimeout, 1),
     queueType,
+    deliveryLimit: positiveInteger(
+      "deliveryLimit",
+      config.deliveryLimit ?? defaults.deliveryLimit,
+      1_000_000,
+    ),
     reconnect: schedule(policy),
     reconnectInitialMs: millis("reconnect.initialDelay", reconnect.initialDelay, 0),
     // AMQP counts heartbeats in whole seconds; only an explicit 0 disables them.

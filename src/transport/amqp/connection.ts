@@ -59,6 +59,10 @@ export const channelError = (operation: string, cause: unknown): TransportError 
   return transportError("channel", operation, cause)
 }
 
+/** The broker refused a declaration because the entity exists with other arguments (406). */
+export const isPreconditionFailed = (error: unknown): boolean =>
+  error instanceof TransportError && (error.cause as { code?: unknown } | undefined)?.code === 406
+
 /** Runs one broker RPC (a promise), bounded by `timeoutMs`, mapping failures to `TransportError`. */
 export const rpc = <A>(
   operation: string,

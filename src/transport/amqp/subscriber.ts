@@ -16,11 +16,57 @@ import type {
 } from "../../ports/Transport.ts"
 import type { ResolvedConfig } from "./config.ts"
 import { ConfirmPublisher } from "./confirms.ts"
-import { type Connection, openConfirmChannel, openPlainChannel, rpc, transportError } from "./connection.ts"
-import { decodeDelivery, retryCopyOptions } from "./wire.ts"
+import {
+  type Connection,
+  isPreconditionFailed,
+  openConfirmChannel,
+  openPlainChannel,
+  rpc,
+  transportError,
+} from "./connection.ts"
+import { deadLetterReason, decodeDelivery, retryCopyOptions } from "./wire.ts"
 
 /** The queue a consumer owns. */
 export const queueName = (consumer: string): string => `txbox.${consumer}`
+
+/**
+ * Where RabbitMQ moves a message of `txbox.<consumer>` that came back to it
+ * more than the delivery limit allows (or that the queue otherwise
+ * dead-letters). The subscription consumes it too, and the inbox records each
+ * such message as a dead row: the broker never drops one silently.
+ */
+export const deadQueueName = (consumer: string): string => `${queueName(consumer)}.dead`
+
+/**
+ * The arguments of a consumer queue: its delivery limit (quorum only) and its
+ * dead-letter target, the dead queue.
+ */
+export const consumerQueueArguments = (
+  consumer: string,
+  config: Pick<ResolvedConfig, "queueType" | "deliveryLimit">,
+): Record<string, unknown> =>
+  config.queueType === "quorum"
+    ? {
+        "x-queue-type": "quorum",
+        "x-delivery-limit": config.deliveryLimit,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": deadQueueName(consumer),
+        // At-least-once dead-lettering needs reject-publish overflow (RabbitMQ ≥ 3.10).
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+      }
+    : {
+        "x-queue-type": "classic",
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": deadQueueName(consumer),
+      }
+
+/**
+ * The dead queue's own delivery limit: high, but explicit, because RabbitMQ
+ * 4.x would give it 20 and drop at it (the dead queue has no dead-letter
+ * target). Its messages only come back while the inbox's database is away.
+ */
+const DEAD_QUEUE_DELIVERY_LIMIT = 1_000_000
 
 /**
  * The delay queue for messages whose attempt number `attempt` failed.
@@ -43,7 +89,10 @@ export const delayQueueName = (consumer: string, attempt: number): string =>
 
 /** A handler that dies is retried after this long (it is a bug, not a transient failure). */
 const DEFECT_RETRY: DeliveryDecision = { _tag: "Retry", delayMs: 5_000 }
-/** When a retry cannot be scheduled through a delay queue, wait at most this long in memory before requeueing. */
+/**
+ * When a retry cannot be scheduled through a delay queue, wait at most this
+ * long in memory before sending the message back to the consumer queue.
+ */
 const FALLBACK_DELAY_MS = 5_000
 
 /** One channel's worth of consuming; replaced after the channel or connection is lost. */
@@ -54,7 +103,8 @@ interface Generation {
   readonly scope: Scope.Closeable
   /** Completed when the channel closes or the broker cancels the consumer. */
   readonly lost: Deferred.Deferred<unknown>
-  consumerTag: string
+  /** The consumer queue's consumer and the dead queue's. */
+  consumerTags: ReadonlyArray<string>
   open: boolean
 }
 
@@ -127,18 +177,71 @@ export const makeSubscribe = (
         )
       })
 
+    /**
+     * The consumer queue with its dead-letter target and delivery limit, and
+     * the dead queue. A queue declared by an earlier txbox without them cannot
+     * be redeclared with them (406, which closes the channel: a short-lived
+     * one here); it is used as it is, with a warning that says how to add them.
+     */
+    let warnedLegacy = false
+    const queueArguments = consumerQueueArguments(options.consumer, config)
+    const declareConsumerQueues = (live: NonNullable<ReturnType<Connection["current"]>>) =>
+      Effect.gen(function* () {
+        yield* Effect.scopedWith((scope) =>
+          Effect.gen(function* () {
+            const channel = yield* openPlainChannel(live, scope, { highWaterMark: 16, timeoutMs, operation })
+            yield* rpc(operation, timeoutMs, () =>
+              channel.assertQueue(deadQueueName(options.consumer), {
+                durable: true,
+                arguments:
+                  config.queueType === "quorum"
+                    ? { "x-queue-type": "quorum", "x-delivery-limit": DEAD_QUEUE_DELIVERY_LIMIT }
+                    : { "x-queue-type": "classic" },
+              }),
+            )
+          }),
+        )
+        const declared = yield* Effect.exit(
+          Effect.scopedWith((scope) =>
+            Effect.gen(function* () {
+              const channel = yield* openPlainChannel(live, scope, {
+                highWaterMark: 16,
+                timeoutMs,
+                operation,
+              })
+              yield* rpc(operation, timeoutMs, () =>
+                channel.assertQueue(queue, { durable: true, arguments: queueArguments }),
+              )
+            }),
+          ),
+        )
+        if (Exit.isSuccess(declared)) return
+        const error = Cause.squash(declared.cause)
+        if (!isPreconditionFailed(error)) return yield* Effect.failCause(declared.cause)
+        if (warnedLegacy) return
+        warnedLegacy = true
+        yield* Effect.logWarning(
+          `txbox amqp: queue ${queue} exists without txbox's dead-letter target and delivery limit ` +
+            `(declared by an earlier version or by hand), so RabbitMQ may drop a message that keeps ` +
+            `coming back (4.x does at 20 returns). Consuming it as it is. Add them with a policy: ` +
+            `rabbitmqctl set_policy --apply-to queues txbox-${options.consumer} '^${queue.replaceAll(".", "\\.")}$' ` +
+            `'{"dead-letter-exchange":"","dead-letter-routing-key":"${deadQueueName(options.consumer)}",` +
+            `"delivery-limit":${config.deliveryLimit}}' — or delete the queue (when empty) to have it redeclared.`,
+        )
+      })
+
     const publishCopy = (
       generation: Generation,
-      delayQueue: string,
+      target: string,
       message: ConsumeMessage,
       nextAttempt: number,
-      delayMs: number,
+      delayMs: number | undefined,
     ): Effect.Effect<PublishOutcome> =>
       Effect.callback<PublishOutcome>((resume) => {
         const item = {
           _tag: "Encoded" as const,
           message: {
-            routingKey: delayQueue,
+            routingKey: target,
             content: message.content,
             options: retryCopyOptions(message, nextAttempt, delayMs),
           },
@@ -192,9 +295,34 @@ export const makeSubscribe = (
           if (outcome._tag !== "Returned") break
         }
         yield* Effect.logWarning(
-          `txbox amqp: could not schedule a retry through ${delayQueue} (${problem}); requeueing after an in-memory delay`,
+          `txbox amqp: could not schedule a retry through ${delayQueue} (${problem}); sending it back to ${queue} after an in-memory delay`,
         )
         yield* Effect.sleep(Duration.millis(Math.min(delay, FALLBACK_DELAY_MS)))
+        // A copy with the next attempt number, so the attempt is counted as through a delay queue.
+        const outcome = yield* publishCopy(generation, queue, message, nextAttempt, undefined)
+        if (outcome._tag === "Confirmed") return ack(generation, message)
+        if (outcome._tag === "Interrupted") return
+        // Last resort: the broker requeues it and counts a delivery; past the limit it goes to the
+        // dead queue, which the inbox records.
+        requeue(generation, message)
+      })
+
+    /** A message the broker dead-lettered: the consumer records it; while it cannot, it stays in the dead queue. */
+    const processDeadLettered = (generation: Generation, message: ConsumeMessage): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        const delivery = { ...decodeDelivery(message), deadLettered: deadLetterReason(message) }
+        const decision = yield* Effect.suspend(() => handle(delivery)).pipe(
+          Effect.catchCause((cause) =>
+            Cause.hasInterruptsOnly(cause)
+              ? Effect.failCause(cause)
+              : Effect.logError(
+                  `txbox amqp: handler for ${options.consumer} died on a dead-lettered message`,
+                  cause,
+                ).pipe(Effect.as(DEFECT_RETRY)),
+          ),
+        )
+        if (decision._tag === "Ack") return ack(generation, message)
+        yield* Effect.sleep(Duration.millis(Math.min(Math.max(0, decision.delayMs), FALLBACK_DELAY_MS)))
         requeue(generation, message)
       })
 
@@ -234,7 +362,7 @@ export const makeSubscribe = (
               }),
               scope,
               lost,
-              consumerTag: "",
+              consumerTags: [],
               open: true,
             }
             channel.on("error", (error: unknown) => {
@@ -251,9 +379,7 @@ export const makeSubscribe = (
         yield* rpc(operation, timeoutMs, () =>
           channel.assertExchange(config.exchange, "topic", { durable: true }),
         )
-        yield* rpc(operation, timeoutMs, () =>
-          channel.assertQueue(queue, { durable: true, arguments: { "x-queue-type": config.queueType } }),
-        )
+        yield* declareConsumerQueues(live)
         for (const type of options.types) {
           yield* rpc(operation, timeoutMs, () => channel.bindQueue(queue, config.exchange, type))
         }
@@ -270,7 +396,18 @@ export const makeSubscribe = (
             { noAck: false },
           ),
         )
-        generation.consumerTag = reply.consumerTag
+        const deadReply = yield* rpc(operation, timeoutMs, () =>
+          channel.consume(
+            deadQueueName(options.consumer),
+            (message) => {
+              if (message === null)
+                Deferred.doneUnsafe(lost, Effect.succeed("consumer cancelled by the broker"))
+              else run(processDeadLettered(generation, message))
+            },
+            { noAck: false },
+          ),
+        )
+        generation.consumerTags = [reply.consumerTag, deadReply.consumerTag]
         return generation
       })
 
@@ -307,9 +444,9 @@ export const makeSubscribe = (
         if (stopped) {
           // Stop new deliveries, let the handlers in flight finish and settle on this channel, then close it.
           if (generation.open) {
-            yield* rpc(operation, timeoutMs, () => generation.channel.cancel(generation.consumerTag)).pipe(
-              Effect.ignore,
-            )
+            for (const tag of generation.consumerTags) {
+              yield* rpc(operation, timeoutMs, () => generation.channel.cancel(tag)).pipe(Effect.ignore)
+            }
           }
           yield* FiberSet.awaitEmpty(handlers)
         } else {

@@ -142,6 +142,21 @@ export const decodeDelivery = (message: Message): Delivery => {
   }
 }
 
+/**
+ * Why the broker dead-lettered a message, from its newest `x-death` entry
+ * (RabbitMQ puts the latest first): e.g. `delivery_limit in txbox.orders`.
+ */
+export const deadLetterReason = (message: Message): string => {
+  const raw = message.properties?.headers?.["x-death"]
+  const latest: unknown = Array.isArray(raw) ? raw[0] : undefined
+  if (latest === null || typeof latest !== "object") return "dead-lettered by the broker"
+  const { reason, queue, count } = latest as Record<string, unknown>
+  const what = optionalString(reason) ?? "dead-lettered"
+  const where = optionalString(queue)
+  const times = finiteNumber(count)
+  return `${what}${where === undefined ? "" : ` in ${where}`}${times === undefined ? "" : ` (x-death count ${times})`}`
+}
+
 /** Headers the broker adds on dead-lettering; dropped from retry copies so they do not pile up. */
 const isDeathHeader = (key: string): boolean =>
   key === "x-death" || key.startsWith("x-first-death-") || key.startsWith("x-last-death-")
@@ -149,20 +164,22 @@ const isDeathHeader = (key: string): boolean =>
 /**
  * Publish options for the copy of a delivery sent to a retry delay queue: the
  * same properties and headers (so the event is unchanged when it comes back),
- * the next attempt number, and the delay as per-message TTL.
+ * the next attempt number, and the delay as per-message TTL (none when `delayMs`
+ * is undefined: a copy for the consumer queue itself).
  */
-export const retryCopyOptions = (message: Message, nextAttempt: number, delayMs: number): Options.Publish => {
+export const retryCopyOptions = (
+  message: Message,
+  nextAttempt: number,
+  delayMs: number | undefined,
+): Options.Publish => {
   const p = message.properties ?? {}
   const headers: Record<string, unknown> = {}
   const raw: Record<string, unknown> = p.headers !== null && typeof p.headers === "object" ? p.headers : {}
   for (const key of Object.keys(raw)) if (!isDeathHeader(key)) headers[key] = raw[key]
   headers[Headers.attempt] = nextAttempt
-  const options: Options.Publish = {
-    headers,
-    persistent: true,
-    mandatory: true,
-    expiration: String(Math.max(0, Math.round(delayMs))),
-  }
+  const options: Options.Publish = { headers, persistent: true, mandatory: true }
+  // No TTL for a copy sent straight back to the consumer queue: a TTL there would dead-letter it.
+  if (delayMs !== undefined) options.expiration = String(Math.max(0, Math.round(delayMs)))
   if (p.contentType !== undefined) options.contentType = p.contentType
   if (p.contentEncoding !== undefined) options.contentEncoding = p.contentEncoding
   if (p.priority !== undefined) options.priority = p.priority
