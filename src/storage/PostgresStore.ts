@@ -5,7 +5,10 @@
  * Which driver survives what (see README "Drivers under faults"):
  * postgres.js 3.4.9 can throw an uncatchable TypeError from `nextWrite` when a
  * backend dies inside a transaction (upstream #1066, #1154, #1208), which ends
- * a Node process. node-postgres reports the same event as an ordinary error.
+ * a Node process, and can leave a statement hanging on a reconnected
+ * connection (on Bun): its pool is replaced after any close
+ * (`renewingPostgresJs.ts`) and its LISTEN watched (`listenWatchdog.ts`).
+ * node-postgres reports the same events as ordinary errors.
  */
 import { Effect, Layer, Schedule, type Scope } from "effect"
 import { Kysely, PostgresDialect } from "kysely"
@@ -20,6 +23,7 @@ import { Database, type DatabaseShape } from "../ports/Database.ts"
 import type { TxboxStore } from "../ports/stores.ts"
 import { makeRetryPolicy, schedule } from "../Retry.ts"
 import { PING_PAYLOAD, watchedListen } from "./listenWatchdog.ts"
+import { makeRenewingClient } from "./renewingPostgresJs.ts"
 import { sqlStores } from "./storeLayer.ts"
 
 export interface PostgresStoreConfig {
@@ -74,6 +78,10 @@ const relistenForever = schedule(makeRetryPolicy({ initialDelay: "200 millis", m
 // How often a postgres.js LISTEN is checked, and how long its ping may take to come back.
 const LISTEN_PING_EVERY_MS = 5_000
 const LISTEN_PING_WITHIN_MS = 5_000
+// A restart closes every connection within a moment: one renewal for all of them.
+const RENEW_DEBOUNCE_MS = 1_000
+// Statements of the retired pool get this long to finish; what still hangs then is failed.
+const RENEW_GRACE_SECONDS = 10
 
 /**
  * Makes COMMIT of an aborted transaction fail instead of rolling back
@@ -101,15 +109,22 @@ const refuseAbortedCommit = (client: pg.PoolClient) => {
 
 const postgresJs = (config: PostgresStoreConfig, v: ReturnType<typeof validate>) =>
   Effect.gen(function* () {
-    const client = postgres(config.url, {
-      max: v.poolSize,
-      connect_timeout: v.timeout,
-      onnotice: () => {},
-      // Names the driver in pg_stat_activity, so an operator can tell which fault behaviour applies.
-      connection: { application_name: "txbox/postgres.js" },
-    })
+    // A fresh pool after any connection closes: a reconnected postgres.js connection can hang.
+    const client = makeRenewingClient(
+      (onclose) =>
+        postgres(config.url, {
+          max: v.poolSize,
+          connect_timeout: v.timeout,
+          max_lifetime: null,
+          onnotice: () => {},
+          onclose,
+          // Names the driver in pg_stat_activity, so an operator can tell which fault behaviour applies.
+          connection: { application_name: "txbox/postgres.js" },
+        }),
+      { debounceMs: RENEW_DEBOUNCE_MS, graceSeconds: RENEW_GRACE_SECONDS },
+    )
     const db = yield* Effect.acquireRelease(
-      Effect.sync(() => new Kysely<unknown>({ dialect: new PostgresJSDialect({ postgres: client }) })),
+      Effect.sync(() => new Kysely<unknown>({ dialect: new PostgresJSDialect({ postgres: client.facade }) })),
       (db) => Effect.promise(() => db.destroy().catch(() => undefined)),
     )
     // postgres.js gives up on a LISTEN whose re-issue after a reconnect fails (the server still
@@ -120,11 +135,11 @@ const postgresJs = (config: PostgresStoreConfig, v: ReturnType<typeof validate>)
           Effect.tryPromise({
             // postgres.js calls `onlisten` after each LISTEN it issues, its own re-issues included:
             // a NOTIFY sent while none was up is lost, so the loop looks once then.
-            try: () => client.listen(channel, onPayload, onNotify),
+            try: () => client.current().listen(channel, onPayload, onNotify),
             catch: (cause) => classifyDbError("listen", cause),
           }).pipe(Effect.retry({ schedule: relisten, times: 5 })),
         ping: Effect.tryPromise({
-          try: () => client.notify(channel, PING_PAYLOAD),
+          try: () => client.current().notify(channel, PING_PAYLOAD),
           catch: (cause) => classifyDbError("listen", cause),
         }),
         onNotify,

@@ -22,7 +22,7 @@ import { type LocalPostgres, startLocalPostgres } from "../support/postgres.ts"
 import { type LocalRabbit, startLocalRabbit } from "../support/rabbitmq.ts"
 
 // 45 s of load per run, then the drain (bounded below). A passing run takes ≈ 55 s on Bun and 70 s on
-// Node on a 2-core machine (four runs ≈ 4.5 min); a run that does not drain takes ≈ 3 min.
+// Node on a 2-core machine; a run that does not drain takes ≈ 3 min.
 const LOAD_MINUTES = 0.75
 // Well above a healthy drain (≤ 20 s seen; at worst the default 30 s lease of a killed relay's rows
 // plus backoffs), well below the CLI's 3 minutes so that a wedged run fails in reasonable time.
@@ -193,10 +193,14 @@ describe("soak: real processes under faults, judged from the tables", () => {
     RUN_TIMEOUT_MS,
   )
 
-  // The default driver is pg, so the run above is also pg's. postgres.js is not run here: on Bun it
-  // still leaves consumers and producers hanging after a PostgreSQL restart (README "Drivers under
-  // faults"); `npm run soak -- --driver postgres.js` shows it. A failing configuration in CI would
-  // keep every other change from landing; it is tracked as open work instead.
+  // The default driver is pg, so the run above is also pg's.
+  test(
+    "postgres.js, Bun: exactly once under every fault",
+    async () => {
+      expectExactlyOnce(await soak({ runtime: "bun", driver: "postgres.js" }))
+    },
+    RUN_TIMEOUT_MS,
+  )
 
   test(
     "default driver (no driver option), Node 22: exactly once under every fault",
