@@ -34,7 +34,8 @@ export interface PostgresStoreConfig {
    * one that rides out faults: a backend that dies (a database restart,
    * `pg_terminate_backend`) is an ordinary error, where postgres.js 3.4.9
    * throws an uncatchable `TypeError` from `nextWrite` (a Node process exits;
-   * on Bun the connection can be left hanging) — see README "Drivers under faults".
+   * on Bun a statement can be left hanging, which txbox works around by
+   * replacing the pool after a close) — see README "Drivers under faults".
    * @default "pg"
    */
   readonly driver?: "postgres.js" | "pg"

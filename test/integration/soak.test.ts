@@ -209,4 +209,12 @@ describe("soak: real processes under faults, judged from the tables", () => {
     },
     RUN_TIMEOUT_MS,
   )
+
+  test(
+    "default driver (no driver option), Deno: exactly once under every fault",
+    async () => {
+      expectExactlyOnce(await soak({ runtime: "deno" }))
+    },
+    RUN_TIMEOUT_MS,
+  )
 })

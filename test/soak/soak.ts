@@ -3,7 +3,7 @@
  * faults injected at random while they run, then a verdict counted from the tables alone: every
  * committed order had its effect applied exactly once, and nothing is dead or stuck.
  *
- *   bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node]
+ *   bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]
  *     [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout S]
  *     [--lost-ack-fraction F] [--keep-logs]
  *
@@ -53,7 +53,7 @@ const HERE = dirname(fileURLToPath(import.meta.url))
 const ROOT = resolve(HERE, "../..")
 
 export type Driver = "pg" | "postgres.js"
-export type ChildRuntime = "bun" | "node"
+export type ChildRuntime = "bun" | "node" | "deno"
 export type Mode = "idempotent" | "store-then-process"
 
 export const FAULT_KINDS = [
@@ -333,6 +333,7 @@ class Run {
   readonly pending = new Set<Promise<void>>()
   readonly random: () => number
   readonly bin: string
+  readonly binArgs: ReadonlyArray<string>
   readonly env: NodeJS.ProcessEnv
   duplicateMessages = 0
   readonly startedAt = Date.now()
@@ -369,12 +370,16 @@ class Run {
     this.random = prng(cfg.seed)
     // Bun children run on this Bun; Node children on the Node 22 of devDependencies, which runs
     // the .ts sources directly (type stripping; the sources use erasable syntax only).
+    // Deno children on the Deno of devDependencies, with the project's node_modules.
     this.bin =
       cfg.runtime === "node"
         ? join(ROOT, "node_modules/.bin/node")
-        : process.versions.bun
-          ? process.execPath
-          : join(ROOT, "node_modules/.bin/bun")
+        : cfg.runtime === "deno"
+          ? join(ROOT, "node_modules/.bin/deno")
+          : process.versions.bun
+            ? process.execPath
+            : join(ROOT, "node_modules/.bin/bun")
+    this.binArgs = cfg.runtime === "deno" ? ["run", "--allow-all", "--quiet"] : []
     const env: NodeJS.ProcessEnv = { ...process.env }
     // The children read only what the soak sets: a stray DRIVER or MODE in the caller's environment
     // must not change the configuration under test.
@@ -456,7 +461,7 @@ class Run {
     )
     // detached: a Ctrl-C on the terminal reaches the orchestrator alone, which then stops every
     // child itself; the watchdog SIGKILLs the child if the orchestrator dies without doing so.
-    const child: ChildProcess = spawn(this.bin, [script], {
+    const child: ChildProcess = spawn(this.bin, [...this.binArgs, script], {
       cwd: ROOT,
       env: this.envFor(slot),
       stdio: ["ignore", "pipe", "pipe"],
@@ -916,8 +921,10 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     lostAckFraction: options.lostAckFraction ?? 0.0003,
   }
   if (!(cfg.minutes > 0)) throw new Error(`minutes must be positive, got ${cfg.minutes}`)
-  if (cfg.runtime === "node" && !existsSync(join(ROOT, "node_modules/.bin/node"))) {
-    throw new Error("node_modules/.bin/node not found: run npm install (Node 22 is a devDependency)")
+  if (cfg.runtime !== "bun" && !existsSync(join(ROOT, `node_modules/.bin/${cfg.runtime}`))) {
+    throw new Error(
+      `node_modules/.bin/${cfg.runtime} not found: run npm install (Node 22 and Deno are devDependencies)`,
+    )
   }
   const loadMs = Math.round(cfg.minutes * 60_000)
   const logDir = mkdtempSync(join(tmpdir(), "txbox-soak-logs-"))
@@ -1252,7 +1259,7 @@ export function resultJson(r: SoakResult): string {
 }
 
 const USAGE =
-  "usage: bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node]\n" +
+  "usage: bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]\n" +
   "         [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout SECONDS]\n" +
   "         [--lost-ack-fraction F] [--keep-logs]"
 
@@ -1291,7 +1298,8 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
       }
       case "--runtime": {
         const v = value()
-        if (v !== "bun" && v !== "node") throw new Error(`--runtime must be bun or node, got ${v}`)
+        if (v !== "bun" && v !== "node" && v !== "deno")
+          throw new Error(`--runtime must be bun, node or deno, got ${v}`)
         runtime = v
         break
       }
