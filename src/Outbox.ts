@@ -12,12 +12,18 @@ import * as trace from "./core/trace.ts"
 import { isUuid, uuidv7 } from "./core/uuid.ts"
 import { type ConfigError, type StoreError, ValidationError } from "./Errors.ts"
 import { TxboxSchema } from "./ports/Database.ts"
+import type { PartitionPosition } from "./ports/Transport.ts"
 import type { TxboxDatabase } from "./ports/tables.ts"
 
 export interface EnqueueOptions {
   /** The event id, also the AMQP `messageId` and the inbox dedupe key. A UUID. @default a new UUIDv7 */
   readonly messageId?: string
-  /** Messages with the same key are delivered in enqueue order. */
+  /**
+   * Numbers the message in its key's sequence (1, 2, 3, … in the order the
+   * enqueueing transactions commit), carried to consumers as
+   * `envelope.position`. Costs one more statement, and same-key transactions
+   * wait for each other from this enqueue to their commit.
+   */
   readonly partitionKey?: string
   readonly tenantId?: string
   /** Extra string headers carried to the consumer. Names starting with `cloudEvents:` or `txbox-` are reserved. */
@@ -96,6 +102,51 @@ const prepare = (event: EventInput, traceparent: string | undefined) =>
   })
 
 /**
+ * Takes the next numbers of each partition key in `rows` from its counter row,
+ * in the caller's transaction: the row lock makes a concurrent transaction for
+ * the same key wait for this one to commit, so numbers follow commit order.
+ * Keys are locked in sorted order, so two transactions writing the same keys
+ * cannot deadlock on them. One statement; none when no row has a key.
+ */
+const numberByKey = async (
+  db: Kysely<TxboxDatabase>,
+  rows: ReadonlyArray<{ readonly partition_key: string | null }>,
+): Promise<ReadonlyArray<PartitionPosition | undefined>> => {
+  const counts = new Map<string, number>()
+  for (const { partition_key: key } of rows) if (key !== null) counts.set(key, (counts.get(key) ?? 0) + 1)
+  if (counts.size === 0) return []
+  const keys = [...counts.keys()].sort()
+  const counters = await db
+    .insertInto("partition_counters")
+    .values(keys.map((key) => ({ partition_key: key, seq: counts.get(key)! })))
+    .onConflict((oc) =>
+      oc.column("partition_key").doUpdateSet((eb) => ({
+        seq: eb("partition_counters.seq", "+", eb.ref("excluded.seq")),
+        updated_at: sql<Date>`now()`,
+      })),
+    )
+    .returning((eb) => [
+      "partition_key",
+      eb.cast<number>("epoch", "double precision").as("epoch"),
+      eb.cast<number>("seq", "double precision").as("last"),
+    ])
+    .execute()
+  // This call's numbers for a key are the last `count` of its counter, handed out in row order.
+  const next = new Map(
+    counters.map((c) => [
+      c.partition_key,
+      { epoch: c.epoch, seq: c.last - counts.get(c.partition_key)! + 1 },
+    ]),
+  )
+  return rows.map(({ partition_key: key }) => {
+    if (key === null) return undefined
+    const at = next.get(key)!
+    next.set(key, { epoch: at.epoch, seq: at.seq + 1 })
+    return at
+  })
+}
+
+/**
  * Writes many events with one INSERT in the caller's transaction. Every
  * payload is validated first: one invalid event fails the call and nothing is
  * written.
@@ -111,20 +162,28 @@ export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
   const traceparent = yield* trace.currentTraceparent
   const rows = yield* Effect.forEach(events, (event) => prepare(event, traceparent))
   yield* Effect.annotateCurrentSpan({ "txbox.count": rows.length, "txbox.type": rows[0]!.type })
+  const write = async (db: Kysely<TxboxDatabase>) => {
+    const positions = await numberByKey(db, rows)
+    await db
+      .insertInto("outbox")
+      .values(
+        rows.map((r, i) => ({
+          ...r,
+          // Bound as text and cast: postgres.js would otherwise encode the JSON string a second time.
+          payload: sql<unknown>`${r.payload}::text::jsonb`,
+          headers: sql<Record<string, string>>`${r.headers}::text::jsonb`,
+          partition_epoch: positions[i]?.epoch ?? null,
+          partition_seq: positions[i]?.seq ?? null,
+        })),
+      )
+      .execute()
+  }
+  const db = (executor as Kysely<TxboxDatabase>).withSchema(schema)
+  const keyed = rows.some((r) => r.partition_key !== null)
   yield* Effect.tryPromise({
-    try: () =>
-      (executor as Kysely<TxboxDatabase>)
-        .withSchema(schema)
-        .insertInto("outbox")
-        .values(
-          rows.map((r) => ({
-            ...r,
-            // Bound as text and cast: postgres.js would otherwise encode the JSON string a second time.
-            payload: sql<unknown>`${r.payload}::text::jsonb`,
-            headers: sql<Record<string, string>>`${r.headers}::text::jsonb`,
-          })),
-        )
-        .execute(),
+    // Numbers and rows must commit together, or a key would have a gap its consumers wait on
+    // forever: outside a transaction, enqueue opens one of its own.
+    try: () => (keyed && !executor.isTransaction ? db.transaction().execute(write) : write(db)),
     catch: (cause) => classifyDbError("Outbox.enqueue", cause),
   })
   return rows.map(({ id, type, version }): EnqueuedMessage => ({ id, type, version }))

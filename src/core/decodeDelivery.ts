@@ -8,6 +8,7 @@ import { decode, type Registry } from "../Contract.ts"
 import type { InboxRow } from "../ports/InboxStore.ts"
 import type { Delivery } from "../ports/Transport.ts"
 import { describe, type Envelope, type Handler } from "./handler.ts"
+import { positionFromHeaders } from "./position.ts"
 import { storableBody, storableRow } from "./storable.ts"
 
 export type Decoded =
@@ -77,6 +78,7 @@ export const decodeDelivery = (
       version: contract.success.version,
       headers: delivery.headers,
       partitionKey: delivery.partitionKey,
+      position: delivery.position ?? positionFromHeaders(delivery.headers),
       tenantId: delivery.tenantId,
       attempt: delivery.attempt,
     }

@@ -7,6 +7,7 @@ import { Cause, Effect } from "effect"
 import type { Transaction } from "kysely"
 import type { AnyContract, PayloadOf } from "../Contract.ts"
 import * as Metrics from "../Metrics.ts"
+import type { PartitionPosition } from "../ports/Transport.ts"
 import { parentFromTraceparent } from "./trace.ts"
 
 /** What a handler knows about the message besides its payload. */
@@ -18,6 +19,8 @@ export interface Envelope {
   readonly version: number
   readonly headers: Readonly<Record<string, string>>
   readonly partitionKey: string | undefined
+  /** Its place in the partition key's sequence (1, 2, 3, … in commit order), when enqueued with a key. */
+  readonly position: PartitionPosition | undefined
   readonly tenantId: string | undefined
   /** 1 on the first try; grows with each retry. */
   readonly attempt: number

@@ -51,6 +51,7 @@ const toOutgoing = (m: OutboxMessage): OutgoingMessage => ({
   headers: m.headers,
   occurredAt: m.occurredAt,
   partitionKey: m.partitionKey,
+  position: m.position ?? null,
   tenantId: m.tenantId,
 })
 

@@ -8,6 +8,7 @@
 import { Context, type Effect, type Scope } from "effect"
 import type { StoreError } from "../Errors.ts"
 import type { Claim, Verdict } from "./lease.ts"
+import type { PartitionPosition } from "./Transport.ts"
 
 /** One claimed outbox message, ready to publish. */
 export interface OutboxMessage {
@@ -20,6 +21,8 @@ export interface OutboxMessage {
   /** Null: route by type. */
   readonly routingKey: string | null
   readonly partitionKey: string | null
+  /** Its place in the partition key's sequence (enqueued with a key). */
+  readonly position?: PartitionPosition | null
   readonly tenantId: string | null
   readonly occurredAt: Date
   /** Attempts recorded before this claim. */

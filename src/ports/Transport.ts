@@ -6,6 +6,16 @@
 import { Context, type Effect, type Scope } from "effect"
 import type { TransportError } from "../Errors.ts"
 
+/**
+ * A message's place in its partition key's sequence, assigned at enqueue: 1,
+ * 2, 3, … in the order the enqueueing transactions committed.
+ */
+export interface PartitionPosition {
+  /** When the key's counter was created (ms since 1970). A counter created anew starts a newer epoch at 1. */
+  readonly epoch: number
+  readonly seq: number
+}
+
 /** One message as the relay hands it to the broker. `body` is the JSON text of the payload. */
 export interface OutgoingMessage {
   readonly id: string
@@ -18,6 +28,8 @@ export interface OutgoingMessage {
   readonly headers: Readonly<Record<string, string>>
   readonly occurredAt: Date
   readonly partitionKey: string | null
+  /** Set for a message enqueued with a partition key. */
+  readonly position?: PartitionPosition | null
   readonly tenantId: string | null
 }
 
@@ -52,6 +64,8 @@ export interface Delivery {
   /** All application properties/headers as strings (non-strings are JSON-encoded). */
   readonly headers: Readonly<Record<string, string>>
   readonly partitionKey: string | undefined
+  /** The message's place in its partition key's sequence, when the producer sent one. */
+  readonly position?: PartitionPosition
   readonly tenantId: string | undefined
   /** 1 on first delivery; grows each time the message comes back from a retry delay. */
   readonly attempt: number

@@ -15,6 +15,9 @@ export interface OutboxTable {
   headers: Json<Record<string, string>>
   routing_key: string | null
   partition_key: string | null
+  /** The key's counter epoch and the message's number in it (migration 0003); null without a key. */
+  partition_epoch: ColumnType<string | null, number | null | undefined, number | null>
+  partition_seq: ColumnType<string | null, number | null | undefined, number | null>
   tenant_id: string | null
   occurred_at: Timestamp
   visible_at: Timestamp
@@ -44,6 +47,15 @@ export interface InboxTable {
   last_error: string | null
 }
 
+/** One row per partition key: the last number handed out, and the epoch it counts in. */
+export interface PartitionCountersTable {
+  partition_key: string
+  /** bigint: read as a string by the drivers; cast where a number is needed. */
+  epoch: ColumnType<string, number | undefined, never>
+  seq: ColumnType<string, number, number>
+  updated_at: ColumnType<Date, Date | string | undefined, Date | string>
+}
+
 export interface MigrationsTable {
   version: number
   name: string
@@ -55,5 +67,6 @@ export interface MigrationsTable {
 export interface TxboxDatabase {
   outbox: OutboxTable
   inbox: InboxTable
+  partition_counters: PartitionCountersTable
   txbox_migrations: MigrationsTable
 }

@@ -22,6 +22,7 @@ import {
   OutboxStore,
   type OutboxStoreShape,
 } from "../ports/OutboxStore.ts"
+import type { PartitionPosition } from "../ports/Transport.ts"
 import { applyFailure, makeWakeups } from "./memoryLease.ts"
 
 /** A message to seed, as a producer's committed transaction would have written it. */
@@ -38,6 +39,8 @@ export interface MemoryOutboxInsert {
   readonly routingKey?: string | null
   /** @default null */
   readonly partitionKey?: string | null
+  /** @default null */
+  readonly position?: PartitionPosition | null
   /** @default null */
   readonly tenantId?: string | null
   /** When it comes due, in epoch ms of the `Clock`. @default now */
@@ -83,6 +86,7 @@ const toMessage = (row: Row): OutboxMessage => ({
   headers: { ...row.headers },
   routingKey: row.routingKey,
   partitionKey: row.partitionKey,
+  position: row.position ?? null,
   tenantId: row.tenantId,
   occurredAt: new Date(row.occurredAt),
   attempts: row.attempts,
@@ -220,6 +224,7 @@ export const make = (): Effect.Effect<MemoryOutbox> =>
               headers: { ...r.headers },
               routingKey: r.routingKey ?? null,
               partitionKey: r.partitionKey ?? null,
+              position: r.position ?? null,
               tenantId: r.tenantId ?? null,
               occurredAt: now,
               status: "pending",

@@ -6,8 +6,9 @@
  * postgres.js 3.4.9 can throw an uncatchable TypeError from `nextWrite` when a
  * backend dies inside a transaction (upstream #1066, #1154, #1208), which ends
  * a Node process, and can leave a statement hanging on a reconnected
- * connection (on Bun): its pool is replaced after any close
- * (`renewingPostgresJs.ts`) and its LISTEN watched (`listenWatchdog.ts`).
+ * connection (on Bun): its pool is replaced after any close, which makes
+ * that rarer (`renewingPostgresJs.ts`), and its LISTEN is watched
+ * (`listenWatchdog.ts`).
  * node-postgres reports the same events as ordinary errors.
  */
 import { Effect, Layer, Schedule, type Scope } from "effect"
@@ -34,7 +35,7 @@ export interface PostgresStoreConfig {
    * one that rides out faults: a backend that dies (a database restart,
    * `pg_terminate_backend`) is an ordinary error, where postgres.js 3.4.9
    * throws an uncatchable `TypeError` from `nextWrite` (a Node process exits;
-   * on Bun a statement can be left hanging, which txbox works around by
+   * on Bun a statement can be left hanging, which txbox makes rarer by
    * replacing the pool after a close) — see README "Drivers under faults".
    * @default "pg"
    */

@@ -42,6 +42,8 @@ export interface ClaimedRow {
   readonly headers: Record<string, string>
   readonly routing_key: string | null
   readonly partition_key: string | null
+  readonly partition_epoch: number | null
+  readonly partition_seq: number | null
   readonly tenant_id: string | null
   readonly occurred_at: Date
   readonly attempts: number
@@ -92,6 +94,9 @@ export const claimQuery = (
       "o.headers",
       "o.routing_key",
       "o.partition_key",
+      // bigint comes back as a string from every driver; float8 is exact up to 2^53.
+      eb.cast<number | null>("o.partition_epoch", "double precision").as("partition_epoch"),
+      eb.cast<number | null>("o.partition_seq", "double precision").as("partition_seq"),
       "o.tenant_id",
       "o.occurred_at",
       "o.attempts",
@@ -225,6 +230,10 @@ const toMessage = (row: ClaimedRow): OutboxMessage => ({
   headers: row.headers ?? {},
   routingKey: row.routing_key,
   partitionKey: row.partition_key,
+  position:
+    row.partition_epoch === null || row.partition_seq === null
+      ? null
+      : { epoch: row.partition_epoch, seq: row.partition_seq },
   tenantId: row.tenant_id,
   occurredAt: row.occurred_at,
   attempts: row.attempts,

@@ -5,12 +5,13 @@
  * closed mid-write (a database restart under load) can keep a stale write
  * timer: the next query on it is buffered and never sent, so it hangs forever
  * — seen as producer transactions on the store's Kysely stalled after a
- * PostgreSQL restart on Bun (upstream #1066, #1154, #1208). A pool whose
- * connections never reconnected cannot be in that state, so after any close
- * (debounced: a restart closes them all) new work goes to a fresh pool and
- * the old one is ended: its healthy statements get `graceSeconds` to finish,
- * then whatever still hangs is destroyed, which fails it instead of leaving
- * it waiting.
+ * PostgreSQL restart on Bun (upstream #1066, #1154, #1208). So after any
+ * close (debounced: a restart closes them all) new work goes to a fresh pool
+ * and the old one is ended: its healthy statements get `graceSeconds` to
+ * finish, then whatever still hangs is destroyed, which fails it instead of
+ * leaving it waiting. A mitigation, not a fix: a connection of the fresh pool
+ * that fails while connecting reconnects without a close event, and a soak
+ * in CI still saw one transaction hang (README "Drivers under faults").
  *
  * Closes only come from faults: the pools are built without `max_lifetime`
  * (postgres.js otherwise recycles every connection each 30–60 minutes).

@@ -65,7 +65,12 @@ describe("PGlite store", () => {
       SELECT table_name FROM information_schema.tables WHERE table_schema = 'mig' ORDER BY table_name`.execute(
       db,
     )
-    expect(tables.rows.map((r) => r.table_name)).toEqual(["inbox", "outbox", "txbox_migrations"])
+    expect(tables.rows.map((r) => r.table_name)).toEqual([
+      "inbox",
+      "outbox",
+      "partition_counters",
+      "txbox_migrations",
+    ])
     expect(await count(sql`SELECT count(*) AS n FROM mig.txbox_migrations`)).toBe(migrations.length)
   })
 
@@ -85,6 +90,31 @@ describe("PGlite store", () => {
       SELECT id, payload FROM enq.outbox`.execute(db)
     expect(rows.rows).toEqual([{ id: committed.id, payload: { n: 2, note: "kept" } }])
     expect(rows.rows.some((r) => r.id === rolledBack)).toBe(false)
+  })
+
+  test("partition numbers: 1, 2 per key in commit order; a rolled-back enqueue takes its number with it", async () => {
+    await Effect.runPromise(migrate(db, { schema: "num" }))
+    const enqueue = (n: number, fail: boolean) =>
+      db
+        .transaction()
+        .execute(async (trx) => {
+          await Effect.runPromise(
+            inSchema("num", Outbox.enqueue(trx, Ping, { n, note: null }, { partitionKey: "k" })),
+          )
+          if (fail) throw new Error("roll back on purpose")
+        })
+        .catch(() => undefined)
+    await enqueue(1, true)
+    await enqueue(2, false)
+    await enqueue(3, false)
+    const rows = await sql<{ n: number; seq: string }>`
+      SELECT (payload->>'n')::int AS n, partition_seq AS seq FROM num.outbox ORDER BY partition_seq`.execute(
+      db,
+    )
+    expect(rows.rows.map((r) => [r.n, Number(r.seq)])).toEqual([
+      [2, 1],
+      [3, 2],
+    ])
   })
 
   test("a statement from another fiber waits for an open transaction instead of joining it", async () => {

@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test"
 import type { Message } from "amqplib"
+import { positionFromHeaders, positionOf } from "../../src/core/position.ts"
 import type { OutgoingMessage } from "../../src/ports/Transport.ts"
 import {
   deadLetterReason,
@@ -289,5 +290,52 @@ describe("retryCopyOptions for the consumer queue itself", () => {
     const copy = retryCopyOptions(asDelivered({ messageId: "m" }, Buffer.from("{}")), 2, undefined)
     expect(copy.expiration).toBeUndefined()
     expect(copy.headers?.[Headers.attempt]).toBe(2)
+  })
+})
+
+describe("partition position on the wire", () => {
+  const message: OutgoingMessage = {
+    id: "01a209b0-da45-7005-bcca-b3e3d3d5c3e8",
+    type: "orders.order-placed",
+    version: 1,
+    routingKey: "orders.order-placed",
+    body: "{}",
+    headers: {},
+    occurredAt: new Date(0),
+    partitionKey: "order-7",
+    position: { epoch: 1_795_000_000_123, seq: 42 },
+    tenantId: null,
+  }
+
+  test("round-trips through encode and decode, and stays in the headers for a stored row", () => {
+    const encoded = encodeMessage(message, "test")
+    if (encoded._tag !== "Encoded") throw new Error(encoded.error)
+    const delivery = decodeDelivery(asDelivered(encoded.message.options, encoded.message.content))
+    expect(delivery.position).toEqual({ epoch: 1_795_000_000_123, seq: 42 })
+    expect(positionFromHeaders(delivery.headers)).toEqual({ epoch: 1_795_000_000_123, seq: 42 })
+  })
+
+  test("a message without one carries none", () => {
+    const encoded = encodeMessage({ ...message, position: null }, "test")
+    if (encoded._tag !== "Encoded") throw new Error(encoded.error)
+    expect(encoded.message.options.headers?.[Headers.partitionSeq]).toBeUndefined()
+    expect(
+      decodeDelivery(asDelivered(encoded.message.options, encoded.message.content)).position,
+    ).toBeUndefined()
+  })
+
+  test.each([
+    ["half of one", 5, undefined],
+    ["a seq of 0", 5, 0],
+    ["a negative epoch", -1, 3],
+    ["a fraction", 5, 1.5],
+    ["text", "x", "1"],
+    ["beyond 2^53", "9007199254740993", "1"],
+  ])("%s is no position", (_, epoch, seq) => {
+    expect(positionOf(epoch, seq)).toBeUndefined()
+  })
+
+  test("numbers sent as strings (a foreign producer, a stored row) are read", () => {
+    expect(positionOf("17", "3")).toEqual({ epoch: 17, seq: 3 })
   })
 })

@@ -7,6 +7,7 @@
  */
 import { Buffer } from "node:buffer"
 import type { Message, MessagePropertyHeaders, Options } from "amqplib"
+import { PARTITION_EPOCH_HEADER, PARTITION_SEQ_HEADER, positionOf } from "../../core/position.ts"
 import type { Delivery, OutgoingMessage } from "../../ports/Transport.ts"
 
 /** Application property names (AMQP headers) this library writes and reads. */
@@ -19,6 +20,9 @@ export const Headers = {
   /** The event contract version, a number. */
   version: "txbox-version",
   partitionKey: "partition-key",
+  /** The partition key's counter epoch and the message's number in it: numbers, set together. */
+  partitionEpoch: PARTITION_EPOCH_HEADER,
+  partitionSeq: PARTITION_SEQ_HEADER,
   tenantId: "tenant-id",
   traceparent: "traceparent",
   /** Attempt number of a copy republished through a retry delay queue (2 for the first retry). */
@@ -56,6 +60,10 @@ export const encodeMessage = (message: OutgoingMessage, source: string): EncodeR
   headers[Headers.time] = message.occurredAt.toISOString()
   headers[Headers.version] = message.version
   if (message.partitionKey !== null) headers[Headers.partitionKey] = message.partitionKey
+  if (message.position) {
+    headers[Headers.partitionEpoch] = message.position.epoch
+    headers[Headers.partitionSeq] = message.position.seq
+  }
   if (message.tenantId !== null) headers[Headers.tenantId] = message.tenantId
   return {
     _tag: "Encoded",
@@ -128,6 +136,7 @@ export const decodeDelivery = (message: Message): Delivery => {
   for (const key of Object.keys(raw)) headers[key] = headerString(raw[key])
   const version = finiteNumber(raw[Headers.version])
   const attempt = finiteNumber(raw[Headers.attempt])
+  const position = positionOf(raw[Headers.partitionEpoch], raw[Headers.partitionSeq])
   return {
     messageId: optionalString(properties.messageId) ?? optionalString(raw[Headers.id]),
     type: optionalString(properties.type) ?? optionalString(raw[Headers.type]),
@@ -136,6 +145,7 @@ export const decodeDelivery = (message: Message): Delivery => {
     ...(Buffer.isBuffer(message.content) ? { bodyBytes: message.content } : {}),
     headers,
     partitionKey: optionalString(raw[Headers.partitionKey]),
+    ...(position === undefined ? {} : { position }),
     tenantId: optionalString(raw[Headers.tenantId]),
     attempt: attempt !== undefined && Number.isInteger(attempt) && attempt >= 1 ? attempt : 1,
     redelivered: message.fields?.redelivered === true,

@@ -7,6 +7,7 @@
  * and failed publishes.
  */
 import { Effect, Layer, Queue, type Scope } from "effect"
+import { PARTITION_EPOCH_HEADER, PARTITION_SEQ_HEADER } from "../../core/position.ts"
 import { TransportError } from "../../Errors.ts"
 import {
   type Delivery,
@@ -71,8 +72,19 @@ const toDelivery = (entry: Entry): Delivery => {
     type: m.type,
     version: m.version,
     body: m.body,
-    headers: { ...m.headers, "txbox-version": String(m.version) },
+    // As the AMQP transport hands them over: its own headers among the user's, as strings.
+    headers: {
+      ...m.headers,
+      "txbox-version": String(m.version),
+      ...(m.position
+        ? {
+            [PARTITION_EPOCH_HEADER]: String(m.position.epoch),
+            [PARTITION_SEQ_HEADER]: String(m.position.seq),
+          }
+        : {}),
+    },
     partitionKey: m.partitionKey ?? undefined,
+    ...(m.position ? { position: m.position } : {}),
     tenantId: m.tenantId ?? undefined,
     attempt: entry.attempt,
     redelivered: entry.redelivered,

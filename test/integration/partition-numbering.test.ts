@@ -1,0 +1,157 @@
+// Per-key numbers assigned at enqueue (the producer half of ordered delivery), on real PostgreSQL
+// with each driver: they follow commit order, not ids or start times, with no gap and no repeat.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test"
+import { Effect, Layer } from "effect"
+import { type Kysely, sql } from "kysely"
+import * as v from "valibot"
+import { defineEvent } from "../../src/Contract.ts"
+import { uuidv7 } from "../../src/core/uuid.ts"
+import * as Outbox from "../../src/Outbox.ts"
+import { Database } from "../../src/ports/Database.ts"
+import { type MigratedDatabase, migratedDatabase, runtimeOf, storeLayer } from "../support/txbox.ts"
+
+const Step = defineEvent({ type: "numbering.step", version: 1, schema: v.object({ label: v.string() }) })
+
+let t: MigratedDatabase
+beforeAll(async () => {
+  t = await migratedDatabase("numbering")
+})
+afterAll(async () => {
+  await t.close()
+})
+
+const positionsOf = async (key: string) =>
+  (
+    await sql<{ id: string; epoch: string; seq: string; label: string; occurred_at: Date }>`
+      SELECT id, partition_epoch AS epoch, partition_seq AS seq, payload->>'label' AS label, occurred_at
+      FROM txbox.outbox WHERE partition_key = ${key} ORDER BY partition_seq`.execute(t.db)
+  ).rows
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+for (const driver of ["pg", "postgres.js"] as const) {
+  describe(`partition numbers with ${driver}`, () => {
+    const withDb = async <A>(use: (db: Kysely<unknown>) => Promise<A>): Promise<A> => {
+      const runtime = runtimeOf(Layer.orDie(storeLayer(t.url, { driver, poolSize: 12 })))
+      try {
+        const { db } = await runtime.runPromise(
+          Effect.gen(function* () {
+            return yield* Database
+          }),
+        )
+        return await use(db)
+      } finally {
+        await runtime.dispose()
+      }
+    }
+    const enqueue = (trx: Kysely<unknown>, key: string, label: string, messageId?: string) =>
+      Effect.runPromise(
+        Outbox.enqueue(trx, Step, { label }, { partitionKey: key, ...(messageId ? { messageId } : {}) }),
+      )
+
+    test("a transaction that started first but committed second gets the second number", async () => {
+      const key = `order-${uuidv7()}`
+      await withDb(async (db) => {
+        let bCommitted!: () => void
+        const bDone = new Promise<void>((resolve) => {
+          bCommitted = resolve
+        })
+        // A starts first and takes its id (UUIDv7, time-ordered) first, then waits for B to commit.
+        const earlyId = uuidv7()
+        const a = db.transaction().execute(async (trx) => {
+          await sql`SELECT 1`.execute(trx) // the transaction is open: occurred_at = its start
+          await bDone
+          await enqueue(trx, key, "A", earlyId)
+        })
+        await sleep(50)
+        await db.transaction().execute(async (trx) => {
+          await enqueue(trx, key, "B")
+        })
+        bCommitted()
+        await a
+      })
+      const rows = await positionsOf(key)
+      expect(rows.map((r) => [r.label, Number(r.seq)])).toEqual([
+        ["B", 1],
+        ["A", 2],
+      ])
+      // Neither the id nor occurred_at gives that order.
+      const [b, a] = rows
+      expect(a!.id < b!.id).toBe(true)
+      expect(a!.occurred_at.getTime()).toBeLessThan(b!.occurred_at.getTime())
+      expect(a!.epoch).toBe(b!.epoch)
+    })
+
+    test("concurrent writers of overlapping keys: numbers 1..n per key in commit order; rollbacks leave no gap", async () => {
+      const keys = Array.from({ length: 3 }, (_, i) => `k${i}-${uuidv7()}`)
+      const committedOrder = new Map<string, string[]>(keys.map((k) => [k, []]))
+      await withDb(async (db) => {
+        await Promise.all(
+          Array.from({ length: 30 }, async (_, n) => {
+            const label = `t${n}`
+            // Each writes two of the keys, listed in its own order, in one call: the library locks
+            // them sorted, so overlapping writers cannot deadlock.
+            const mine = keys.filter((_, i) => (n + i) % 3 !== 0).sort(() => Math.random() - 0.5)
+            const rollback = n % 5 === 4
+            try {
+              await db.transaction().execute(async (trx) => {
+                await sleep(Math.random() * 20)
+                await Effect.runPromise(
+                  Outbox.enqueueMany(
+                    trx,
+                    mine.map((key) => ({
+                      contract: Step,
+                      payload: { label },
+                      options: { partitionKey: key },
+                    })),
+                  ),
+                )
+                await sleep(Math.random() * 20)
+                if (rollback) throw new Error("rolled back on purpose")
+              })
+            } catch (error) {
+              if (!rollback) throw error
+              return
+            }
+            // Same-key transactions wait for each other from their enqueue to their commit, so the
+            // order in which commits return is the commit order.
+            for (const key of mine) committedOrder.get(key)!.push(label)
+          }),
+        )
+      })
+      for (const key of keys) {
+        const rows = await positionsOf(key)
+        expect(rows.map((r) => Number(r.seq))).toEqual(rows.map((_, i) => i + 1))
+        expect(rows.map((r) => r.label)).toEqual(committedOrder.get(key)!)
+        expect(rows.some((r) => r.label.endsWith("4") || r.label.endsWith("9"))).toBe(false)
+      }
+    })
+
+    test("several events of one key in one call take consecutive numbers in call order; unkeyed ones none", async () => {
+      const key = `batch-${uuidv7()}`
+      await withDb(async (db) => {
+        await db.transaction().execute((trx) =>
+          Effect.runPromise(
+            Outbox.enqueueMany(trx, [
+              { contract: Step, payload: { label: "first" }, options: { partitionKey: key } },
+              { contract: Step, payload: { label: `unkeyed-${key}` } },
+              { contract: Step, payload: { label: "second" }, options: { partitionKey: key } },
+            ]),
+          ),
+        )
+        // Outside a transaction enqueue opens its own, so numbers and rows commit together.
+        await enqueue(db, key, "third")
+      })
+      expect((await positionsOf(key)).map((r) => [r.label, Number(r.seq)])).toEqual([
+        ["first", 1],
+        ["second", 2],
+        ["third", 3],
+      ])
+      const unkeyed = await sql<{ epoch: string | null; seq: string | null }>`
+        SELECT partition_epoch AS epoch, partition_seq AS seq FROM txbox.outbox WHERE payload->>'label' = ${`unkeyed-${key}`}`.execute(
+        t.db,
+      )
+      expect(unkeyed.rows).toEqual([{ epoch: null, seq: null }])
+    })
+  })
+}
