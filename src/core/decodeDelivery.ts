@@ -6,7 +6,7 @@
 import { Effect } from "effect"
 import { decode, type Registry } from "../Contract.ts"
 import type { InboxRow } from "../ports/InboxStore.ts"
-import type { Delivery } from "../ports/Transport.ts"
+import type { Delivery, PartitionPosition } from "../ports/Transport.ts"
 import { describe, type Envelope, type Handler } from "./handler.ts"
 import { positionFromHeaders } from "./position.ts"
 import { storableBody, storableRow } from "./storable.ts"
@@ -49,6 +49,7 @@ export const decodeDelivery = (
       // Made storable (NULs) once, with the rest of the row, by storableRow below.
       headers: delivery.headers,
       partitionKey: delivery.partitionKey ?? null,
+      position: positionOfDelivery(delivery) ?? null,
       tenantId: delivery.tenantId ?? null,
       attempts,
     }
@@ -78,7 +79,7 @@ export const decodeDelivery = (
       version: contract.success.version,
       headers: delivery.headers,
       partitionKey: delivery.partitionKey,
-      position: delivery.position ?? positionFromHeaders(delivery.headers),
+      position: positionOfDelivery(delivery),
       tenantId: delivery.tenantId,
       attempt: delivery.attempt,
     }
@@ -101,6 +102,16 @@ export const decodeDelivery = (
     }
   })
 
+/**
+ * The delivery's place in its key's sequence: only with a partition key (a
+ * number without a key orders nothing). Read from the headers too, where a
+ * stored row keeps it.
+ */
+export const positionOfDelivery = (delivery: Delivery): PartitionPosition | undefined =>
+  delivery.partitionKey === undefined
+    ? undefined
+    : (delivery.position ?? positionFromHeaders(delivery.headers))
+
 /** A stored row as the delivery it came from, for the processor: its attempt is the try about to be made. */
 export const rowAsDelivery = (row: InboxRow): Delivery => ({
   messageId: row.key,
@@ -109,6 +120,7 @@ export const rowAsDelivery = (row: InboxRow): Delivery => ({
   body: row.payload ?? row.raw ?? "",
   headers: row.headers,
   partitionKey: row.partitionKey ?? undefined,
+  ...(row.position ? { position: row.position } : {}),
   tenantId: row.tenantId ?? undefined,
   attempt: row.attempts + 1,
   redelivered: false,

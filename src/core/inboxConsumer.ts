@@ -21,7 +21,7 @@ import type { Delivery, DeliveryDecision } from "../ports/Transport.ts"
 import type { RetryPolicy } from "../Retry.ts"
 import { makeBatcher } from "./batcher.ts"
 import { bounded } from "./bounded.ts"
-import { decodeDelivery, type HandlerIndex } from "./decodeDelivery.ts"
+import { decodeDelivery, type HandlerIndex, positionOfDelivery } from "./decodeDelivery.ts"
 import { HandlerFailed, runHandler } from "./handler.ts"
 import { storableRow } from "./storable.ts"
 import { type Failure, outage, permanent, transient, verdictFor } from "./verdict.ts"
@@ -167,6 +167,9 @@ export const makeConsumer = (p: InboxParts) => {
   const idempotent = (delivery: Delivery): Effect.Effect<DeliveryDecision> =>
     Effect.gen(function* () {
       if (delivery.deadLettered !== undefined) return yield* deadLettered(delivery, delivery.deadLettered)
+      // An ordered message may arrive before its predecessor: it is stored, and the processor
+      // runs it when its turn comes (store-then-process for it, whatever the mode).
+      if (positionOfDelivery(delivery) !== undefined) return yield* storeThenProcess(delivery)
       const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, delivery.attempt)
       if (decoded._tag === "Bad") return yield* recordDead(decoded.row)
       const outcome = yield* p.store

@@ -23,6 +23,8 @@ export interface ProcessorSettings {
 }
 
 export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effect<number, StoreError> => {
+  // Rows of ordered keys processed this cycle: each made its key's next row claimable.
+  let advancedKeys = 0
   const processRow = (row: InboxRow, token: string): Effect.Effect<InboxMark | undefined> =>
     Effect.gen(function* () {
       const delivery = rowAsDelivery(row)
@@ -54,6 +56,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
       if (result._tag === "Success") {
         if (result.success) {
           p.counters.processed++
+          if (row.position != null) advancedKeys++
           yield* Metric.update(Metrics.processed, 1)
         }
         return undefined
@@ -63,6 +66,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
     })
 
   return Effect.gen(function* () {
+    advancedKeys = 0
     const { token, rows } = yield* Effect.suspend(() =>
       p.store.claim(p.consumer, s.batchSize, s.leaseMs),
     ).pipe(bounded("Inbox.claim", STATEMENTS_MS))
@@ -86,6 +90,8 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
     p.counters.lastActivityAt = yield* Effect.clockWith((clock) =>
       Effect.succeed(clock.currentTimeMillisUnsafe()),
     )
-    return rows.length
+    // A key that moved on has its next row waiting, which no NOTIFY announces: count the cycle
+    // as full so the loop claims again at once instead of waiting for the poll.
+    return advancedKeys > 0 ? Math.max(rows.length, s.batchSize) : rows.length
   })
 }

@@ -9,6 +9,7 @@ import { Context, type Effect, type Scope } from "effect"
 import type { Transaction } from "kysely"
 import type { StoreError } from "../Errors.ts"
 import type { Claim, Verdict } from "./lease.ts"
+import type { PartitionPosition } from "./Transport.ts"
 
 /** One inbox row: a delivery as received (and, once claimed, as the processor sees it). */
 export interface InboxRow {
@@ -23,6 +24,12 @@ export interface InboxRow {
   readonly raw: string | null
   readonly headers: Readonly<Record<string, string>>
   readonly partitionKey: string | null
+  /**
+   * Its place in the key's sequence. A row with both is ordered: it is
+   * claimed only after its predecessor was processed (the consumer's cursor
+   * for the key is at `seq − 1`, or it is the first of a newer epoch).
+   */
+  readonly position?: PartitionPosition | null
   readonly tenantId: string | null
   /** Tries made so far: 0 for a stored delivery nobody ran yet. */
   readonly attempts: number
@@ -36,7 +43,10 @@ export interface InboxTransaction {
   readonly trx: Transaction<any>
   /** Inserts the row as processed; false when its key is already there (a duplicate). */
   readonly insertProcessed: (row: InboxRow) => Effect.Effect<boolean, StoreError>
-  /** Marks a claimed row processed; false when `token` no longer holds it. */
+  /**
+   * Marks a claimed row processed; false when `token` no longer holds it. An
+   * ordered row also moves its key's cursor to it, in the same transaction.
+   */
   readonly markProcessed: (
     consumer: string,
     key: string,

@@ -37,6 +37,9 @@ export interface InboxTable {
   raw: string | null
   headers: Json<Record<string, string>>
   partition_key: string | null
+  /** The message's place in its key's sequence (migration 0004); null for unordered rows. */
+  partition_epoch: ColumnType<string | null, number | null | undefined, number | null>
+  partition_seq: ColumnType<string | null, number | null | undefined, number | null>
   tenant_id: string | null
   received_at: Timestamp
   visible_at: Timestamp
@@ -56,6 +59,15 @@ export interface PartitionCountersTable {
   updated_at: ColumnType<Date, Date | string | undefined, Date | string>
 }
 
+/** Per consumer and key: the last number handled. The processor claims only the next. */
+export interface InboxCursorsTable {
+  consumer: string
+  partition_key: string
+  epoch: ColumnType<string, number, number>
+  last_seq: ColumnType<string, number, number>
+  updated_at: ColumnType<Date, Date | string | undefined, Date | string>
+}
+
 export interface MigrationsTable {
   version: number
   name: string
@@ -67,6 +79,7 @@ export interface MigrationsTable {
 export interface TxboxDatabase {
   outbox: OutboxTable
   inbox: InboxTable
+  inbox_cursors: InboxCursorsTable
   partition_counters: PartitionCountersTable
   txbox_migrations: MigrationsTable
 }

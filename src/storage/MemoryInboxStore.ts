@@ -32,6 +32,7 @@ import {
   type InboxTransaction,
 } from "../ports/InboxStore.ts"
 import type { Claim } from "../ports/lease.ts"
+import type { PartitionPosition } from "../ports/Transport.ts"
 import { applyFailure, makeWakeups } from "./memoryLease.ts"
 
 /** One inbox row as a test sees it; times are epoch ms of the `Clock`. */
@@ -84,10 +85,33 @@ const toInboxRow = (row: Row): InboxRow => ({
   raw: row.raw,
   headers: { ...row.headers },
   partitionKey: row.partitionKey,
+  position: row.position ?? null,
   tenantId: row.tenantId,
   attempts: row.attempts,
   lastError: row.lastError,
 })
+
+interface Cursor {
+  readonly epoch: number
+  readonly lastSeq: number
+}
+
+/** The claim's per-key gate, as the SQL store's `notEarly`: an ordered row waits until it is next. */
+const early = (row: Row, cursor: Cursor | undefined): boolean => {
+  const at = row.position
+  if (at == null || row.partitionKey === null) return false
+  if (cursor === undefined) return at.seq !== 1
+  if (cursor.epoch === at.epoch) return at.seq > cursor.lastSeq + 1
+  return cursor.epoch < at.epoch && at.seq !== 1
+}
+
+/** The cursor after processing `at`: never backwards within an epoch; a newer epoch replaces it. */
+const advanced = (cursor: Cursor | undefined, at: PartitionPosition): Cursor =>
+  cursor === undefined || at.epoch > cursor.epoch
+    ? { epoch: at.epoch, lastSeq: at.seq }
+    : at.epoch === cursor.epoch
+      ? { epoch: at.epoch, lastSeq: Math.max(cursor.lastSeq, at.seq) }
+      : cursor
 
 const byDue = (a: Row, b: Row): number => a.visibleAt - b.visibleAt || a.seq - b.seq
 
@@ -113,6 +137,8 @@ const noSqlTransaction: AnyTransaction = new Proxy(Object.freeze({}), {
 export const make = (): Effect.Effect<MemoryInbox> =>
   Effect.sync(() => {
     const table = new Map<string, Row>()
+    /** Per (consumer, partition key): the last number processed. */
+    const cursors = new Map<string, Cursor>()
     /** Keys an open transaction has inserted (not yet in `table`) or marked (locked). */
     const held = new Map<string, Tx>()
     let seq = 0
@@ -158,6 +184,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
       raw: row.raw,
       headers: { ...row.headers },
       partitionKey: row.partitionKey,
+      position: row.position ?? null,
       tenantId: row.tenantId,
       attempts: row.attempts,
       lastError: row.lastError,
@@ -199,7 +226,11 @@ export const make = (): Effect.Effect<MemoryInbox> =>
           // Rows an open transaction has locked are skipped, not waited for (SKIP LOCKED).
           .filter(
             ([k, r]) =>
-              r.consumer === consumer && r.status === "pending" && r.visibleAt <= now && !held.has(k),
+              r.consumer === consumer &&
+              r.status === "pending" &&
+              r.visibleAt <= now &&
+              !held.has(k) &&
+              !early(r, r.partitionKey === null ? undefined : cursors.get(rowKey(consumer, r.partitionKey))),
           )
           .map(([, r]) => r)
           .sort(byDue)
@@ -258,6 +289,10 @@ export const make = (): Effect.Effect<MemoryInbox> =>
           row.processedAt = m.at
           row.attempts = m.attempts
           row.lockToken = null
+          if (row.partitionKey !== null && row.position != null) {
+            const ck = rowKey(row.consumer, row.partitionKey)
+            cursors.set(ck, advanced(cursors.get(ck), row.position))
+          }
         }
         end(tx)
       })

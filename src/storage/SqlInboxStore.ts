@@ -10,7 +10,7 @@
  * statement is compiled once per store (`prepare`).
  */
 import { Effect, Layer } from "effect"
-import { type CompiledQuery, type Kysely, sql, type Transaction } from "kysely"
+import { type CompiledQuery, type ExpressionBuilder, type Kysely, sql, type Transaction } from "kysely"
 import { tryStore } from "../core/dbErrors.ts"
 import { uuidv7 } from "../core/uuid.ts"
 import { Database, notifyChannel } from "../ports/Database.ts"
@@ -37,6 +37,8 @@ export interface StoredRow {
   readonly raw: string | null
   readonly headers: Record<string, string>
   readonly partition_key: string | null
+  readonly partition_epoch: number | null
+  readonly partition_seq: number | null
   readonly tenant_id: string | null
   readonly attempts: number
   readonly last_error: string | null
@@ -65,6 +67,8 @@ const toStored = (row: InboxRow): StoredRow => ({
   raw: row.raw,
   headers: row.headers,
   partition_key: row.partitionKey,
+  partition_epoch: row.position?.epoch ?? null,
+  partition_seq: row.position?.seq ?? null,
   tenant_id: row.tenantId,
   attempts: row.attempts,
   last_error: row.lastError,
@@ -79,6 +83,10 @@ const toRow = (row: StoredRow): InboxRow => ({
   raw: row.raw,
   headers: row.headers ?? {},
   partitionKey: row.partition_key,
+  position:
+    row.partition_epoch === null || row.partition_seq === null
+      ? null
+      : { epoch: row.partition_epoch, seq: row.partition_seq },
   tenantId: row.tenant_id,
   attempts: row.attempts,
   lastError: row.last_error,
@@ -140,7 +148,7 @@ export const insertRowsQuery = (
   // The rows travel as one JSON text parameter (every driver binds a string
   // the same way). Kysely cannot say a function's column definition list.
   const records = sql<StoredRow>`jsonb_to_recordset(${rows}::text::jsonb)`.as<"r">(
-    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, tenant_id text, attempts int, last_error text)`,
+    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, partition_epoch bigint, partition_seq bigint, tenant_id text, attempts int, last_error text)`,
   )
   return (
     db
@@ -154,6 +162,8 @@ export const insertRowsQuery = (
         "raw",
         "headers",
         "partition_key",
+        "partition_epoch",
+        "partition_seq",
         "tenant_id",
         "attempts",
         "status",
@@ -172,6 +182,8 @@ export const insertRowsQuery = (
             "r.raw",
             eb.fn.coalesce("r.headers", sql`'{}'::jsonb`).as("headers"),
             "r.partition_key",
+            "r.partition_epoch",
+            "r.partition_seq",
             "r.tenant_id",
             "r.attempts",
             sql.lit(status).as("status"),
@@ -182,6 +194,38 @@ export const insertRowsQuery = (
       .returning("message_id")
       .compile()
   )
+}
+
+/**
+ * The per-key gate of the claim: an ordered row (`w`) waits while it is early —
+ * its key's cursor is not yet at its predecessor. Claimable: unordered rows;
+ * the next of its epoch (or one already passed: a redriven row); the first of
+ * a newer epoch; the first of a key the consumer has not seen. An older
+ * epoch's row is late, not early. Never guesses past a missing number.
+ */
+type InboxScope = TxboxDatabase & { readonly w: TxboxDatabase["inbox"] }
+const notEarly = (eb: ExpressionBuilder<InboxScope, "w">) => {
+  const cursor = eb
+    .selectFrom("inbox_cursors as c")
+    .select(sql.lit(1).as("one"))
+    .whereRef("c.consumer", "=", "w.consumer")
+    .whereRef("c.partition_key", "=", "w.partition_key")
+  return eb.or([
+    eb("w.partition_seq", "is", null),
+    eb.exists(
+      cursor.where((c) =>
+        c.or([
+          c.and([
+            c("c.epoch", "=", c.ref("w.partition_epoch")),
+            c("w.partition_seq", "<=", sql<string>`c.last_seq + 1`),
+          ]),
+          c("c.epoch", ">", c.ref("w.partition_epoch")),
+          c.and([c("c.epoch", "<", c.ref("w.partition_epoch")), c("w.partition_seq", "=", sql<string>`1`)]),
+        ]),
+      ),
+    ),
+    eb.and([eb("w.partition_seq", "=", sql<string>`1`), eb.not(eb.exists(cursor))]),
+  ])
 }
 
 /** Claims up to `limit` due pending rows of one consumer: SKIP LOCKED plus a lease, as the relay claims the outbox. */
@@ -197,12 +241,13 @@ export const claimQuery = (
   db
     .with("due", (qb) =>
       qb
-        .selectFrom("inbox")
-        .select("message_id")
-        .where("consumer", "=", consumer)
-        .where("status", "=", pending)
-        .where("visible_at", "<=", now)
-        .orderBy("visible_at")
+        .selectFrom("inbox as w")
+        .select("w.message_id")
+        .where("w.consumer", "=", consumer)
+        .where("w.status", "=", pending)
+        .where("w.visible_at", "<=", now)
+        .where(notEarly)
+        .orderBy("w.visible_at")
         .limit(limit)
         .forUpdate()
         .skipLocked(),
@@ -222,6 +267,8 @@ export const claimQuery = (
       "i.raw",
       "i.headers",
       "i.partition_key",
+      eb.cast<number | null>("i.partition_epoch", "double precision").as("partition_epoch"),
+      eb.cast<number | null>("i.partition_seq", "double precision").as("partition_seq"),
       "i.tenant_id",
       "i.attempts",
       "i.last_error",
@@ -295,6 +342,45 @@ export const markProcessedQuery = (
     .where("message_id", "=", key)
     .where("lock_token", "=", token)
     .where("status", "=", pending)
+    .returning((eb) => [
+      "partition_key",
+      eb.cast<number | null>("partition_epoch", "double precision").as("partition_epoch"),
+      eb.cast<number | null>("partition_seq", "double precision").as("partition_seq"),
+    ])
+    .compile()
+
+/**
+ * Moves a key's cursor to the row just processed, in the handler's
+ * transaction: the key's next row becomes claimable when it commits. Never
+ * backwards within an epoch (a redriven row that was already passed).
+ */
+export const advanceCursorQuery = (
+  db: Kysely<TxboxDatabase>,
+  {
+    consumer,
+    partitionKey,
+    epoch,
+    seq,
+  }: {
+    readonly consumer: string
+    readonly partitionKey: string
+    readonly epoch: number
+    readonly seq: number
+  },
+): CompiledQuery =>
+  db
+    .insertInto("inbox_cursors")
+    .values({ consumer, partition_key: partitionKey, epoch, last_seq: seq })
+    .onConflict((oc) =>
+      oc.columns(["consumer", "partition_key"]).doUpdateSet({
+        epoch: sql`GREATEST(inbox_cursors.epoch, excluded.epoch)`,
+        last_seq: sql`CASE
+          WHEN excluded.epoch > inbox_cursors.epoch THEN excluded.last_seq
+          WHEN excluded.epoch = inbox_cursors.epoch THEN GREATEST(inbox_cursors.last_seq, excluded.last_seq)
+          ELSE inbox_cursors.last_seq END`,
+        updated_at: now,
+      }),
+    )
     .compile()
 
 /** `mark`'s one parameter: the failures as a JSON array of `MarkRecord`. */
@@ -353,7 +439,12 @@ export interface InboxStatements {
   readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<StoredRow>
   readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
   readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
-  readonly markProcessed: (params: Parameters<typeof markProcessedQuery>[1]) => CompiledQuery
+  readonly markProcessed: (params: Parameters<typeof markProcessedQuery>[1]) => CompiledQuery<{
+    partition_key: string | null
+    partition_epoch: number | null
+    partition_seq: number | null
+  }>
+  readonly advanceCursor: (params: Parameters<typeof advanceCursorQuery>[1]) => CompiledQuery
   readonly mark: (params: Parameters<typeof markQuery>[1]) => CompiledQuery
 }
 
@@ -385,6 +476,12 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     token: "\0token",
     attempts: -1,
   }),
+  advanceCursor: prepare(db, advanceCursorQuery, {
+    consumer: "\0consumer",
+    partitionKey: "\0partitionKey",
+    epoch: -1,
+    seq: -2,
+  }),
   mark: prepare(db, markQuery, { consumer: "\0consumer", token: "\0token", failures: "\0failures" }),
 })
 
@@ -405,9 +502,22 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
           .then((r) => r.rows.length === 1),
       ),
     markProcessed: (consumer, key, token, attempts) =>
-      tryStore("InboxStore.markProcessed", () =>
-        trx.executeQuery(q.markProcessed({ consumer, key, token, attempts })).then((r) => affected(r) === 1),
-      ),
+      tryStore("InboxStore.markProcessed", async () => {
+        const { rows } = await trx.executeQuery(q.markProcessed({ consumer, key, token, attempts }))
+        const row = rows[0]
+        if (row === undefined) return false
+        if (row.partition_key !== null && row.partition_epoch !== null && row.partition_seq !== null) {
+          await trx.executeQuery(
+            q.advanceCursor({
+              consumer,
+              partitionKey: row.partition_key,
+              epoch: row.partition_epoch,
+              seq: row.partition_seq,
+            }),
+          )
+        }
+        return true
+      }),
   })
 
   const insertRows = (

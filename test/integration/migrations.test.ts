@@ -49,7 +49,13 @@ describe("migrations", () => {
   test("the first run applies every migration and creates the tables", async () => {
     const result = await Effect.runPromise(migrate(db, { schema: "first" }))
     expect(result.applied.map((m) => m.version)).toEqual(migrations.map((m) => m.version))
-    expect(await tablesIn("first")).toEqual(["inbox", "outbox", "partition_counters", "txbox_migrations"])
+    expect(await tablesIn("first")).toEqual([
+      "inbox",
+      "inbox_cursors",
+      "outbox",
+      "partition_counters",
+      "txbox_migrations",
+    ])
   })
 
   test("a second run applies nothing", async () => {
@@ -64,7 +70,13 @@ describe("migrations", () => {
     const outputs = await Promise.all([runChild([test_db.url, "racing"]), runChild([test_db.url, "racing"])])
     const applied = outputs.map((o) => JSON.parse(o) as number[])
     expect(applied.flat().sort()).toEqual(migrations.map((m) => m.version))
-    expect(await tablesIn("racing")).toEqual(["inbox", "outbox", "partition_counters", "txbox_migrations"])
+    expect(await tablesIn("racing")).toEqual([
+      "inbox",
+      "inbox_cursors",
+      "outbox",
+      "partition_counters",
+      "txbox_migrations",
+    ])
   })
 
   test("dry run lists pending migrations and creates nothing", async () => {

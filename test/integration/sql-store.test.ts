@@ -32,6 +32,7 @@ import { type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
 const SCHEMA = "txbox"
 const outbox = sql.id(SCHEMA, "outbox")
 const inbox = sql.id(SCHEMA, "inbox")
+const cursors = sql.id(SCHEMA, "inbox_cursors")
 
 /** A database the contract runs on: the harness's own connection, and the store under test over it. */
 interface Backend {
@@ -78,6 +79,7 @@ const clock = (db: Kysely<any>, table: RawBuilder<unknown>, columns: ReadonlyArr
 const empty = async (db: Kysely<any>): Promise<void> => {
   await sql`DELETE FROM ${outbox}`.execute(db)
   await sql`DELETE FROM ${inbox}`.execute(db)
+  await sql`DELETE FROM ${cursors}`.execute(db)
 }
 
 const outboxHarness = async (backend: Backend): Promise<OutboxHarness> => {

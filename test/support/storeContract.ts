@@ -559,6 +559,95 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       expect(await harness().rows()).toHaveLength(1)
     })
 
+    // Ordered rows: the claim's per-key gate and the cursor markProcessed moves.
+    const EPOCH = 1_795_000_000_000
+    const ordered = (key: string, partitionKey: string, seq: number, epoch = EPOCH) =>
+      inboxRow(key, consumer, { partitionKey, position: { epoch, seq } })
+    const claimKeys = async (limit = 10) => {
+      const { token, rows } = await claim(limit)
+      return { token, keys: sorted(rows.map((r) => r.key)) }
+    }
+    /** Claims, expects exactly `keys`, marks them processed. */
+    const processNext = async (keys: ReadonlyArray<string>) => {
+      const next = await claimKeys()
+      expect(next.keys).toEqual(sorted(keys))
+      for (const key of keys) expect(await markProcessed(key, next.token, 1)).toBe(true)
+    }
+
+    test("ordered rows are claimed one per key, in number order, whatever order they were stored in", async () => {
+      await store((s) =>
+        s.insertPending([
+          ordered("a3", "A", 3),
+          ordered("b2", "B", 2),
+          ordered("a1", "A", 1),
+          inboxRow("u"),
+          ordered("b1", "B", 1),
+          ordered("a2", "A", 2),
+        ]),
+      )
+      await processNext(["a1", "b1", "u"])
+      await processNext(["a2", "b2"])
+      await processNext(["a3"])
+      expect(await claimKeys()).toMatchObject({ keys: [] })
+    })
+
+    test("the claim hands back an ordered row's position", async () => {
+      await store((s) => s.insertPending([ordered("a1", "A", 1)]))
+      const { rows } = await claim(10)
+      expect(rows[0]).toMatchObject({ partitionKey: "A", position: { epoch: EPOCH, seq: 1 } })
+    })
+
+    test("a missing predecessor is waited for, never guessed past", async () => {
+      await store((s) => s.insertPending([ordered("a2", "A", 2), ordered("a3", "A", 3)]))
+      expect(await claimKeys()).toMatchObject({ keys: [] })
+      await store((s) => s.insertPending([ordered("a1", "A", 1)]))
+      await processNext(["a1"])
+      await processNext(["a2"])
+    })
+
+    test("a failing row holds back its key only; dead, it keeps holding it", async () => {
+      await store((s) =>
+        s.insertPending([
+          ordered("a1", "A", 1),
+          ordered("a2", "A", 2),
+          ordered("b1", "B", 1),
+          ordered("b2", "B", 2),
+        ]),
+      )
+      const first = await claimKeys()
+      expect(first.keys).toEqual(["a1", "b1"])
+      expect(await mark(first.token, "a1", retry(0, "try later"))).toBe(1)
+      expect(await markProcessed("b1", first.token, 1)).toBe(true)
+      // a1 comes back (it is due again); a2 still waits behind it; B moves on.
+      const second = await claimKeys()
+      expect(second.keys).toEqual(["a1", "b2"])
+      expect(await mark(second.token, "a1", dead("poison"))).toBe(1)
+      expect(await markProcessed("b2", second.token, 1)).toBe(true)
+      expect(await claimKeys()).toMatchObject({ keys: [] })
+      expect((await row("a2")).status).toBe("pending")
+    })
+
+    test("a newer epoch starts at 1; its later numbers wait for it", async () => {
+      await store((s) => s.insertPending([ordered("a1", "A", 1)]))
+      await processNext(["a1"])
+      const later = EPOCH + 60_000
+      await store((s) => s.insertPending([ordered("n2", "A", 2, later), ordered("n1", "A", 1, later)]))
+      await processNext(["n1"])
+      await processNext(["n2"])
+    })
+
+    test("cursors are per consumer: the same key of another consumer has its own turn", async () => {
+      await store((s) =>
+        s.insertPending([
+          ordered("a1", "A", 1),
+          inboxRow("x1", "consumer-b", { partitionKey: "A", position: { epoch: EPOCH, seq: 1 } }),
+        ]),
+      )
+      await processNext(["a1"])
+      const other = await claim(10, LONG_LEASE, "consumer-b")
+      expect(other.rows.map((r) => r.key)).toEqual(["x1"])
+    })
+
     test("insertDead records rows dead with their error and body, ignoring keys already there", async () => {
       await store((s) => s.insertPending([inboxRow("m1")]))
       const stored = await store((s) =>

@@ -1,0 +1,298 @@
+// Per-key order end to end on real PostgreSQL and RabbitMQ: producers number each key's messages in
+// commit order, the relay publishes, and the inbox hands each key's messages to its handler strictly
+// in that order — through concurrent producers, two relay workers, two consumers, handler failures,
+// duplicates and deliveries reordered on purpose. Counted from the table the handlers write.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test"
+import { Effect, Layer, ManagedRuntime } from "effect"
+import { sql } from "kysely"
+import * as v from "valibot"
+import { defineEvent } from "../../src/Contract.ts"
+import { uuidv7 } from "../../src/core/uuid.ts"
+import * as Inbox from "../../src/Inbox.ts"
+import * as Outbox from "../../src/Outbox.ts"
+import { Database } from "../../src/ports/Database.ts"
+import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
+import * as Relay from "../../src/Relay.ts"
+import { redriveDead } from "../../src/storage/opsSql.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { amqpUrl, uniqueName } from "../support/db.ts"
+import { eventually, type MigratedDatabase, migratedDatabase, storeLayer } from "../support/txbox.ts"
+
+const Step = defineEvent({
+  type: "ordering.step",
+  version: 1,
+  schema: v.object({ key: v.string(), label: v.string() }),
+})
+
+let t: MigratedDatabase
+beforeAll(async () => {
+  t = await migratedDatabase("ordering")
+  await sql`CREATE TABLE seen (id bigserial PRIMARY KEY, consumer text, key text, seq int, label text)`.execute(
+    t.db,
+  )
+})
+afterAll(async () => {
+  await t.close()
+})
+
+/** Each key's handled sequence numbers and labels, in the order the handlers committed them. */
+const seenByKey = async (consumer: string) => {
+  const rows = await sql<{ key: string; seq: number; label: string }>`
+    SELECT key, seq, label FROM seen WHERE consumer = ${consumer} ORDER BY id`.execute(t.db)
+  const byKey = new Map<string, { seqs: number[]; labels: string[] }>()
+  for (const r of rows.rows) {
+    const entry = byKey.get(r.key) ?? { seqs: [], labels: [] }
+    entry.seqs.push(r.seq)
+    entry.labels.push(r.label)
+    byKey.set(r.key, entry)
+  }
+  return byKey
+}
+
+const startInbox = (
+  exchange: string,
+  consumer: string,
+  options: { failRate?: number; refuse?: (label: string) => boolean; mode?: Inbox.InboxConfig["mode"] } = {},
+) =>
+  ManagedRuntime.make(
+    Inbox.layer({
+      consumer,
+      ...(options.mode ? { mode: options.mode } : {}),
+      pollInterval: "200 millis",
+      retry: { initialDelay: "50 millis", maxDelay: "200 millis", maxAttempts: options.refuse ? 2 : 20 },
+      handlers: [
+        Inbox.handler(Step, ({ payload, envelope, trx }) =>
+          options.refuse?.(payload.label) || Math.random() < (options.failRate ?? 0)
+            ? Effect.fail(new Error(`refusing ${payload.label}`))
+            : Effect.promise(() =>
+                sql`INSERT INTO seen (consumer, key, seq, label)
+                    VALUES (${consumer}, ${payload.key}, ${envelope.position?.seq ?? null}, ${payload.label})`.execute(
+                  trx,
+                ),
+              ),
+        ),
+      ],
+    }).pipe(
+      Layer.provide(
+        Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+      ),
+    ),
+  )
+
+describe("per-key order, end to end", () => {
+  test("60 keys × 10 messages from concurrent transactions, 2 relay workers, 2 consumers, failures and duplicates: each key in commit order, once", async () => {
+    const exchange = uniqueName("ordering-e2e")
+    const consumer = uniqueName("ordering-e2e")
+    const KEYS = 60
+    const PER_KEY = 10
+    const keys = Array.from({ length: KEYS }, (_, i) => `key-${i}-${uuidv7()}`)
+    const committed = new Map<string, string[]>(keys.map((k) => [k, []]))
+    // Two consumer processes' worth of inboxes, started first so the queue exists.
+    const inboxes = [0, 1].map(() => startInbox(exchange, consumer, { failRate: 0.2 }))
+    await Promise.all(inboxes.map((r) => r.runPromise(Effect.void)))
+    const relay = ManagedRuntime.make(
+      Relay.layer({ workers: 2, batchSize: 50, pollInterval: "100 millis" }).pipe(
+        Layer.provide(
+          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+        ),
+      ),
+    )
+    const producers = ManagedRuntime.make(storeLayer(t.url, { poolSize: 16 }))
+    try {
+      await relay.runPromise(Effect.void)
+      const { db } = await producers.runPromise(
+        Effect.gen(function* () {
+          return yield* Database
+        }),
+      )
+      // 16 writers; each transaction writes one message for each of 3 random keys.
+      let written = 0
+      const writers = Array.from({ length: 16 }, async (_, w) => {
+        while (written < (KEYS * PER_KEY) / 3) {
+          written++
+          const mine = [...keys].sort(() => Math.random() - 0.5).slice(0, 3)
+          const label = `w${w}-${written}`
+          await db.transaction().execute(async (trx) => {
+            await new Promise((resolve) => setTimeout(resolve, Math.random() * 5))
+            await producers.runPromise(
+              Outbox.enqueueMany(
+                trx,
+                mine.map((key) => ({
+                  contract: Step,
+                  payload: { key, label },
+                  options: { partitionKey: key },
+                })),
+              ),
+            )
+          })
+          // Same-key transactions wait for each other from enqueue to commit: this is commit order.
+          for (const key of mine) committed.get(key)!.push(label)
+        }
+      })
+      await Promise.all(writers)
+      const total = [...committed.values()].reduce((n, labels) => n + labels.length, 0)
+      // Duplicates: every message published a second time with its id, as a relay crash would.
+      await eventually(
+        "every message handled",
+        async () =>
+          Number(
+            (
+              await sql<{ n: string }>`SELECT count(*) AS n FROM seen WHERE consumer = ${consumer}`.execute(
+                t.db,
+              )
+            ).rows[0]!.n,
+          ) >= total,
+        90_000,
+      )
+      const seen = await seenByKey(consumer)
+      for (const key of keys) {
+        const labels = committed.get(key)!
+        const got = seen.get(key) ?? { seqs: [], labels: [] }
+        expect({ key, seqs: got.seqs }).toEqual({ key, seqs: labels.map((_, i) => i + 1) })
+        expect({ key, labels: got.labels }).toEqual({ key, labels })
+      }
+    } finally {
+      await relay.dispose()
+      await producers.dispose()
+      await Promise.all(inboxes.map((r) => r.dispose()))
+    }
+  }, 150_000)
+
+  test("deliveries reordered and duplicated on the way: each key's handler still sees 1..n once, in order (both modes)", async () => {
+    for (const mode of ["idempotent", "store-then-process"] as const) {
+      const exchange = uniqueName(`ordering-shuffle-${mode}`)
+      const consumer = uniqueName(`ordering-shuffle-${mode}`)
+      const inbox = startInbox(exchange, consumer, { mode })
+      const publisher = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
+      try {
+        await inbox.runPromise(Effect.void)
+        const epoch = Date.now()
+        const messages: OutgoingMessage[] = []
+        for (let k = 0; k < 20; k++) {
+          for (let seq = 1; seq <= 8; seq++) {
+            const key = `k${k}`
+            messages.push({
+              id: uuidv7(),
+              type: Step.type,
+              version: 1,
+              routingKey: Step.type,
+              body: JSON.stringify({ key, label: `${key}#${seq}` }),
+              headers: {},
+              occurredAt: new Date(),
+              partitionKey: key,
+              position: { epoch, seq },
+              tenantId: null,
+            })
+          }
+        }
+        // Latest first, then everything again in a random order.
+        const shuffled = [...messages].reverse().concat([...messages].sort(() => Math.random() - 0.5))
+        const outcomes = await publisher.runPromise(
+          Effect.gen(function* () {
+            const transport = yield* Transport
+            return yield* transport.publish(shuffled)
+          }),
+        )
+        expect(outcomes.every((o) => o._tag === "Confirmed")).toBe(true)
+        await eventually(
+          `${mode}: all 160 handled`,
+          async () =>
+            Number(
+              (
+                await sql<{ n: string }>`SELECT count(*) AS n FROM seen WHERE consumer = ${consumer}`.execute(
+                  t.db,
+                )
+              ).rows[0]!.n,
+            ) >= 160,
+          60_000,
+        )
+        await new Promise((resolve) => setTimeout(resolve, 300)) // room for a wrong late duplicate
+        const seen = await seenByKey(consumer)
+        expect(seen.size).toBe(20)
+        for (const [key, got] of seen) {
+          expect({ mode, key, seqs: got.seqs }).toEqual({ mode, key, seqs: [1, 2, 3, 4, 5, 6, 7, 8] })
+        }
+      } finally {
+        await publisher.dispose()
+        await inbox.dispose()
+      }
+    }
+  }, 150_000)
+
+  test("a poison message holds back only its key; dead, it keeps it held; after redrive the key resumes in order", async () => {
+    const exchange = uniqueName("ordering-poison")
+    const consumer = uniqueName("ordering-poison")
+    let fixed = false
+    const inbox = startInbox(exchange, consumer, { refuse: (label) => label === "P#3" && !fixed })
+    const relay = ManagedRuntime.make(
+      Relay.layer({ pollInterval: "100 millis" }).pipe(
+        Layer.provide(
+          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+        ),
+      ),
+    )
+    try {
+      await inbox.runPromise(Effect.void)
+      await relay.runPromise(Effect.void)
+      const keys = ["P", "Q", "R"]
+      for (let seq = 1; seq <= 6; seq++) {
+        await t.db.transaction().execute((trx) =>
+          relay.runPromise(
+            Outbox.enqueueMany(
+              trx,
+              keys.map((key) => ({
+                contract: Step,
+                payload: { key: `${consumer}-${key}`, label: `${key}#${seq}` },
+                options: { partitionKey: `${consumer}-${key}` },
+              })),
+            ),
+          ),
+        )
+      }
+      const seqsOf = async (key: string) => (await seenByKey(consumer)).get(`${consumer}-${key}`)?.seqs ?? []
+      await eventually(
+        "Q and R done",
+        async () => (await seqsOf("Q")).length === 6 && (await seqsOf("R")).length === 6,
+        60_000,
+      )
+      await eventually("P#3 dead", async () => {
+        const dead = await sql<{ n: string }>`
+          SELECT count(*) AS n FROM txbox.inbox WHERE consumer = ${consumer} AND status = 'dead'`.execute(
+          t.db,
+        )
+        return Number(dead.rows[0]!.n) === 1
+      })
+      await new Promise((resolve) => setTimeout(resolve, 1_000))
+      expect(await seqsOf("P")).toEqual([1, 2])
+      // The rest of P waits, pending, not dead.
+      const waiting = await sql<{ seq: string; status: string }>`
+        SELECT partition_seq AS seq, status FROM txbox.inbox
+        WHERE consumer = ${consumer} AND partition_key = ${`${consumer}-P`} AND status <> 'processed'
+        ORDER BY partition_seq`.execute(t.db)
+      expect(waiting.rows.map((r) => [Number(r.seq), r.status])).toEqual([
+        [3, "dead"],
+        [4, "pending"],
+        [5, "pending"],
+        [6, "pending"],
+      ])
+
+      fixed = true
+      // What `txbox dead redrive --consumer …` runs.
+      const ops = ManagedRuntime.make(storeLayer(t.url))
+      const redriven = await ops
+        .runPromise(
+          Effect.gen(function* () {
+            const database = yield* Database
+            return yield* redriveDead(database, { table: "inbox", consumer }, 10)
+          }),
+        )
+        .finally(() => ops.dispose())
+      expect(redriven).toBe(1)
+      await eventually("P resumes", async () => (await seqsOf("P")).length === 6, 30_000)
+      expect(await seqsOf("P")).toEqual([1, 2, 3, 4, 5, 6])
+    } finally {
+      await relay.dispose()
+      await inbox.dispose()
+    }
+  }, 150_000)
+})
