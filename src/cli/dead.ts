@@ -1,10 +1,12 @@
 /**
- * `txbox dead list|redrive`: the dead letters of the outbox (default) or of
- * the inbox (`--inbox`, `--consumer NAME`), selected by the same filters.
+ * `txbox dead list|redrive|skip`: the dead letters of the outbox (default) or
+ * of the inbox (`--inbox`, `--consumer NAME`), selected by the same filters;
+ * `skip` lets an ordered key move past its dead head message.
  */
 import { Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as opsSql from "../storage/opsSql.ts"
+import { NotReadyError } from "./errors.ts"
 import { connectionFlags, jsonFlag, parsing, withDatabase } from "./options.ts"
 import { oneLine, print, printJson, table } from "./output.ts"
 import { parseOutboxId, parsePositive, parseTimeBound } from "./parse.ts"
@@ -162,7 +164,7 @@ const redrive = Command.make(
           yield* print(
             `redrove ${redriven} ${deadRows(filter, redriven)}: pending again, attempts reset to 0, due now` +
               (filter.table === "inbox"
-                ? " (a store-then-process consumer's processor takes them; an idempotent consumer has no processor)"
+                ? " (the consumer's inbox processor takes them, in either mode)"
                 : ""),
           )
         }),
@@ -175,8 +177,41 @@ const redrive = Command.make(
   Command.withShortDescription("Send dead rows again"),
 )
 
+const skip = Command.make(
+  "skip",
+  {
+    connection: connectionFlags,
+    consumer: Flag.String("consumer").pipe(Flag.withDescription("the inbox consumer")),
+    id: Flag.String("id").pipe(Flag.withDescription("the dead message's id (the head of its key)")),
+    json: jsonFlag,
+  },
+  ({ connection, consumer, id, json }) =>
+    withDatabase(connection, { requireTables: true }, (db) =>
+      Effect.gen(function* () {
+        const result = yield* opsSql.skipDead(db, consumer, id)
+        if (json) return yield* printJson(result)
+        // The database is fine; the row is not one that can be skipped: exit 1, as a refused state.
+        if (!result.skipped)
+          return yield* new NotReadyError({
+            reason: `cannot skip ${id} of consumer ${consumer}: ${result.reason}`,
+          })
+        yield* print(
+          `skipped #${result.seq} of key ${result.partition_key} for consumer ${consumer}: the key's next message runs; ` +
+            "the dead row stays (redriving it later runs it out of order)",
+        )
+      }),
+    ),
+).pipe(
+  Command.withDescription(
+    "Let an ordered key move past its dead head message: its later messages run; the dead row is kept",
+  ),
+  Command.withShortDescription("Unblock an ordered key past a dead message"),
+)
+
 export const command = Command.make("dead").pipe(
-  Command.withDescription("Dead letters: list them, or redrive them to be tried again"),
-  Command.withShortDescription("List or redrive dead rows"),
-  Command.withSubcommands([list, redrive]),
+  Command.withDescription(
+    "Dead letters: list them, redrive them to be tried again, or skip one that blocks an ordered key",
+  ),
+  Command.withShortDescription("List, redrive or skip dead rows"),
+  Command.withSubcommands([list, redrive, skip]),
 )

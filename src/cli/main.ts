@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * The `txbox` command: migrate, status, dead list|redrive, purge.
+ * The `txbox` command: migrate, status, dead list|redrive|skip, purge.
  *
  * Exit codes: 0 done; 1 the database failed or is not migrated; 2 the command
  * line or configuration is wrong. A failure is one line on stderr, with any

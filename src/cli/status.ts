@@ -3,7 +3,7 @@ import { Effect } from "effect"
 import { Command } from "effect/cli"
 import * as opsSql from "../storage/opsSql.ts"
 import { connectionFlags, jsonFlag, withDatabase } from "./options.ts"
-import { print, printJson, table } from "./output.ts"
+import { oneLine, print, printJson, table } from "./output.ts"
 import { formatAge } from "./parse.ts"
 
 const COUNTS = ["PENDING", "DUE", "IN FLIGHT", "DEAD", "SENT", "LAG"]
@@ -18,10 +18,21 @@ const countCells = (c: opsSql.OutboxCounts) => [
   formatAge(c.lag_seconds),
 ]
 
+/** The longest-waiting ordered keys `status` shows. */
+const KEYS_SHOWN = 20
+
+const headText = (k: opsSql.WaitingKey) =>
+  k.head === "dead"
+    ? `#${k.head_seq} dead: redrive, or \`txbox dead skip --consumer ${k.consumer} --id ${k.head_message_id}\``
+    : k.head === "missing"
+      ? `waiting for #${k.next_seq} (not received)`
+      : `#${k.head_seq} pending`
+
 export const render = (
   schema: string,
   outbox: opsSql.OutboxStatus,
   inbox: ReadonlyArray<opsSql.InboxConsumerStatus>,
+  keys: ReadonlyArray<opsSql.WaitingKey> = [],
 ): string => {
   const parts = [table([`OUTBOX (${schema})`, ...COUNTS], [["all", ...countCells(outbox.total)]], RIGHT)]
   if (outbox.by_type.length > 0) {
@@ -57,6 +68,22 @@ export const render = (
           ["left", "right", "right", "right", "right"],
         ),
   )
+  if (keys.length > 0) {
+    parts.push(
+      table(
+        ["ORDERED KEY", "CONSUMER", "WAITING", "OLDEST", "HEAD", "LAST ERROR"],
+        keys.map((k) => [
+          k.partition_key,
+          k.consumer,
+          String(k.waiting),
+          formatAge(k.oldest_age_seconds),
+          headText(k),
+          k.head === "dead" ? oneLine(k.head_last_error, 60) : "",
+        ]),
+        ["left", "left", "right", "right", "left", "left"],
+      ),
+    )
+  }
   return parts.join("\n\n")
 }
 
@@ -68,14 +95,16 @@ export const command = Command.make(
       Effect.gen(function* () {
         const outbox = yield* opsSql.outboxStatus(db)
         const inbox = yield* opsSql.inboxStatus(db)
-        if (json) return yield* printJson({ schema: db.schema, outbox, inbox })
-        yield* print(render(db.schema, outbox, inbox))
+        const keys = yield* opsSql.waitingKeys(db, KEYS_SHOWN)
+        if (json) return yield* printJson({ schema: db.schema, outbox, inbox, ordered_keys: keys })
+        yield* print(render(db.schema, outbox, inbox, keys))
       }),
     ),
 ).pipe(
   Command.withDescription(
     "Outbox pending / due / in flight / dead / sent and lag (seconds the oldest due row has waited), " +
-      "per type and tenant; inbox pending / processed / dead per consumer",
+      "per type and tenant; inbox pending / processed / dead per consumer; ordered keys still waiting " +
+      "(the longest-waiting 20), with what holds each back",
   ),
   Command.withShortDescription("Backlog, lag and dead rows, per type, tenant and consumer"),
 )

@@ -202,6 +202,162 @@ export const inboxStatus = (
     }))
   })
 
+/**
+ * An ordered key of one consumer with messages still to handle, seen from its
+ * head (the lowest number not processed): why the key is not moving.
+ */
+export interface WaitingKey {
+  readonly consumer: string
+  readonly partition_key: string
+  /** Messages of the key not processed yet (pending or dead). */
+  readonly waiting: number
+  /** The number the consumer handles next (its cursor + 1; 1 for a key it has not seen). */
+  readonly next_seq: number
+  readonly head_seq: number
+  readonly head_message_id: string
+  /** `dead`: blocked until redriven or skipped; `missing`: waiting for `next_seq` to arrive; `pending`: its turn (running or retrying). */
+  readonly head: "dead" | "missing" | "pending"
+  readonly head_last_error: string | null
+  /** Seconds since the oldest waiting message of the key was received. */
+  readonly oldest_age_seconds: number | null
+}
+
+/**
+ * Keys with ordered messages still to handle, the longest waiting first. A key
+ * whose head is `dead` or `missing` is blocked; `pending` is merely busy.
+ */
+export const waitingKeys = (
+  db: DatabaseShape,
+  limit: number,
+): Effect.Effect<ReadonlyArray<WaitingKey>, StoreError> =>
+  query("status.keys", async () => {
+    const rows = await tables(db)
+      .selectFrom("inbox as i")
+      .leftJoin("inbox_cursors as c", (join) =>
+        join.onRef("c.consumer", "=", "i.consumer").onRef("c.partition_key", "=", "i.partition_key"),
+      )
+      .distinctOn(["i.consumer", "i.partition_key"])
+      .select((eb) => [
+        "i.consumer",
+        "i.partition_key",
+        "i.message_id",
+        "i.status",
+        "i.last_error",
+        eb.cast<number>("i.partition_seq", "double precision").as("head_seq"),
+        eb.cast<number | null>("c.last_seq", "double precision").as("last_seq"),
+        eb.fn
+          .countAll()
+          .over((ob) => ob.partitionBy(["i.consumer", "i.partition_key"]))
+          .as("waiting"),
+        epochSince(
+          eb.fn.min("i.received_at").over((ob) => ob.partitionBy(["i.consumer", "i.partition_key"])),
+        ).as("oldest_age_seconds"),
+      ])
+      .where("i.partition_seq", "is not", null)
+      .where("i.status", "<>", PROCESSED)
+      // A dead message the key was moved past (`dead skip`) no longer holds it.
+      .where(
+        sql<boolean>`NOT (i.status = 'dead' AND c.epoch IS NOT NULL AND (c.epoch > i.partition_epoch OR (c.epoch = i.partition_epoch AND i.partition_seq <= c.last_seq)))`,
+      )
+      .orderBy("i.consumer")
+      .orderBy("i.partition_key")
+      .orderBy("i.partition_epoch")
+      .orderBy("i.partition_seq")
+      .execute()
+    return rows
+      .map((r): WaitingKey => {
+        const next = r.last_seq === null ? 1 : r.last_seq + 1
+        return {
+          consumer: r.consumer,
+          partition_key: r.partition_key ?? "",
+          waiting: int(r.waiting),
+          next_seq: next,
+          head_seq: r.head_seq,
+          head_message_id: r.message_id,
+          head: r.status === "dead" ? "dead" : r.head_seq > next ? "missing" : "pending",
+          head_last_error: r.last_error,
+          oldest_age_seconds: seconds(r.oldest_age_seconds),
+        }
+      })
+      .sort((a, b) => (b.oldest_age_seconds ?? 0) - (a.oldest_age_seconds ?? 0))
+      .slice(0, limit)
+  })
+
+/**
+ * Lets an ordered key move past one of its dead messages: the consumer's
+ * cursor for the key moves to it, so the next message runs; the dead row
+ * stays, for the record (a later redrive runs it out of order). Only the dead
+ * message at the head of its key can be skipped. Returns the key and number
+ * skipped, or why not.
+ */
+export const skipDead = (
+  db: DatabaseShape,
+  consumer: string,
+  messageId: string,
+): Effect.Effect<
+  | { readonly skipped: true; readonly partition_key: string; readonly seq: number }
+  | { readonly skipped: false; readonly reason: string },
+  StoreError
+> =>
+  query("dead.skip", () =>
+    tables(db)
+      .transaction()
+      .execute(async (trx) => {
+        const row = await trx
+          .selectFrom("inbox")
+          .select((eb) => [
+            "partition_key",
+            "status",
+            eb.cast<number | null>("partition_epoch", "double precision").as("epoch"),
+            eb.cast<number | null>("partition_seq", "double precision").as("seq"),
+          ])
+          .where("consumer", "=", consumer)
+          .where("message_id", "=", messageId)
+          .executeTakeFirst()
+        if (row === undefined) return { skipped: false, reason: "no such inbox row" } as const
+        if (row.status !== "dead")
+          return { skipped: false, reason: `the row is ${row.status}, not dead` } as const
+        if (row.partition_key === null || row.epoch === null || row.seq === null) {
+          return {
+            skipped: false,
+            reason: "the row is not ordered (no partition key): nothing waits on it",
+          } as const
+        }
+        const cursor = await trx
+          .selectFrom("inbox_cursors")
+          .select((eb) => [
+            eb.cast<number>("epoch", "double precision").as("epoch"),
+            eb.cast<number>("last_seq", "double precision").as("last_seq"),
+          ])
+          .where("consumer", "=", consumer)
+          .where("partition_key", "=", row.partition_key)
+          .forUpdate()
+          .executeTakeFirst()
+        const isHead =
+          cursor === undefined
+            ? row.seq === 1
+            : cursor.epoch === row.epoch
+              ? row.seq === cursor.last_seq + 1
+              : cursor.epoch < row.epoch && row.seq === 1
+        if (!isHead) {
+          return {
+            skipped: false,
+            reason: `it is not the next message of key ${row.partition_key} (the consumer is at ${cursor === undefined ? 0 : cursor.last_seq})`,
+          } as const
+        }
+        await trx
+          .insertInto("inbox_cursors")
+          .values({ consumer, partition_key: row.partition_key, epoch: row.epoch, last_seq: row.seq })
+          .onConflict((oc) =>
+            oc
+              .columns(["consumer", "partition_key"])
+              .doUpdateSet({ epoch: row.epoch!, last_seq: row.seq!, updated_at: sql<Date>`now()` }),
+          )
+          .execute()
+        return { skipped: true, partition_key: row.partition_key, seq: row.seq } as const
+      }),
+  )
+
 /** A point in time, relative to the database's clock (so the client's clock never matters) or absolute. */
 export type TimeBound = { readonly secondsAgo: number } | { readonly at: Date }
 

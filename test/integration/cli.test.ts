@@ -480,6 +480,73 @@ describe("txbox dead redrive", () => {
   })
 })
 
+describe("txbox status and dead skip: ordered keys", () => {
+  const EPOCH = 1_795_000_000_000
+  const seed = async (schema: string) => {
+    const row = (id: string, key: string, seq: number, status: string, lastError: string | null = null) =>
+      sql`INSERT INTO ${sql.id(schema, "inbox")}
+            (message_id, consumer, type, version, payload, partition_key, partition_epoch, partition_seq, status, last_error, received_at)
+          VALUES (${id}, 'billing', 'orders.paid', 1, '{}', ${key}, ${EPOCH}, ${seq}, ${status}, ${lastError}, now() - interval '1 minute')`.execute(
+        t.db,
+      )
+    await row("k1", "K", 1, "processed")
+    await row("k2", "K", 2, "dead", "TypeError: boom")
+    await row("k3", "K", 3, "pending")
+    await row("l3", "L", 3, "pending")
+    await row("u1", "U", 1, "dead", "no key order") // ordered, but nothing after it
+    await sql`INSERT INTO ${sql.id(schema, "inbox")} (message_id, consumer, status) VALUES ('plain', 'billing', 'dead')`.execute(
+      t.db,
+    )
+    await sql`INSERT INTO ${sql.id(schema, "inbox_cursors")} (consumer, partition_key, epoch, last_seq)
+              VALUES ('billing', 'K', ${EPOCH}, 1), ('billing', 'L', ${EPOCH}, 1)`.execute(t.db)
+  }
+  const keysOf = async (schema: string) => {
+    const run = await txbox(["status", ...on(schema), "--json"])
+    expect(run.code).toBe(0)
+    const byKey = new Map<string, { head: string; head_seq: number; next_seq: number; waiting: number }>()
+    for (const k of JSON.parse(run.stdout).ordered_keys) byKey.set(k.partition_key, k)
+    return byKey
+  }
+
+  test("status names each waiting key and what holds it: a dead head, a missing number", async () => {
+    const schema = await freshSchema()
+    await seed(schema)
+    const keys = await keysOf(schema)
+    expect(keys.get("K")).toMatchObject({ head: "dead", head_seq: 2, next_seq: 2, waiting: 2 })
+    expect(keys.get("L")).toMatchObject({ head: "missing", head_seq: 3, next_seq: 2, waiting: 1 })
+    expect(keys.get("U")).toMatchObject({ head: "dead", head_seq: 1, next_seq: 1, waiting: 1 })
+    const table = await txbox(["status", ...on(schema)])
+    expect(table.stdout).toContain("ORDERED KEY")
+    expect(table.stdout).toContain("txbox dead skip --consumer billing --id k2")
+    expect(table.stdout).toContain("waiting for #2 (not received)")
+  })
+
+  test("dead skip moves the key past its dead head; the dead row stays; a second skip is refused", async () => {
+    const schema = await freshSchema()
+    await seed(schema)
+    const run = await txbox(["dead", "skip", ...on(schema), "--consumer", "billing", "--id", "k2"])
+    expect(run.stderr).toBe("")
+    expect(run.code).toBe(0)
+    expect(run.stdout).toContain("skipped #2 of key K")
+    const cursor = await sql<{ last_seq: string }>`
+      SELECT last_seq FROM ${sql.id(schema, "inbox_cursors")} WHERE consumer = 'billing' AND partition_key = 'K'`.execute(
+      t.db,
+    )
+    expect(Number(cursor.rows[0]!.last_seq)).toBe(2)
+    expect((await keysOf(schema)).get("K")).toMatchObject({ head: "pending", head_seq: 3, next_seq: 3 })
+    const status = await sql<{ status: string }>`
+      SELECT status FROM ${sql.id(schema, "inbox")} WHERE message_id = 'k2'`.execute(t.db)
+    expect(status.rows[0]!.status).toBe("dead")
+
+    const again = await txbox(["dead", "skip", ...on(schema), "--consumer", "billing", "--id", "k2"])
+    expect(expectOneLineFailure(again, 1)).toContain("not the next message of key K")
+    const plain = await txbox(["dead", "skip", ...on(schema), "--consumer", "billing", "--id", "plain"])
+    expect(expectOneLineFailure(plain, 1)).toContain("not ordered")
+    const pending = await txbox(["dead", "skip", ...on(schema), "--consumer", "billing", "--id", "k3"])
+    expect(expectOneLineFailure(pending, 1)).toContain("pending, not dead")
+  })
+})
+
 describe("txbox purge", () => {
   const DAY = 86_400
 
