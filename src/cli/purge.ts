@@ -17,6 +17,8 @@ interface Plan {
   readonly outbox: boolean
   readonly inbox: boolean
   readonly batch: number
+  /** Seconds: partition counters idle this long go; consumer cursors idle twice as long. */
+  readonly idleKeys: number | undefined
 }
 
 const plan = (input: {
@@ -24,6 +26,7 @@ const plan = (input: {
   readonly dedupeWindow: string
   readonly only: Option.Option<"outbox" | "inbox">
   readonly batch: number
+  readonly idleKeys: Option.Option<string>
 }): Plan => {
   const olderThan = parseDuration("older-than", input.olderThan)
   const window = parseDuration("dedupe-window", input.dedupeWindow)
@@ -41,7 +44,16 @@ const plan = (input: {
         "use --only outbox to purge the outbox alone)",
     })
   }
-  return { olderThan, outbox: only !== "inbox", inbox, batch }
+  const idle = Option.getOrUndefined(input.idleKeys)
+  const idleKeys = idle === undefined ? undefined : parseDuration("idle-keys", idle)
+  // A key's state may go only once nothing of it can still be on its way: a counter removed while
+  // its last messages are in flight would let a newer epoch overtake them.
+  if (idleKeys !== undefined && idleKeys < window) {
+    throw new UsageError({
+      reason: `refusing --idle-keys ${idle}: less than --dedupe-window ${input.dedupeWindow} (a key's last messages may still be on their way)`,
+    })
+  }
+  return { olderThan, outbox: only !== "inbox", inbox, batch, idleKeys }
 }
 
 /** Deletes in batches until a batch finds nothing: each statement holds its row locks for one batch only. */
@@ -76,22 +88,46 @@ export const command = Command.make(
       Flag.withDescription("rows per DELETE, so no statement holds locks for long (default: 5000)"),
       Flag.withDefault(5000),
     ),
+    idleKeys: Flag.String("idle-keys").pipe(
+      Flag.withDescription(
+        "also delete per-key order state: partition counters unused this long (the key restarts at 1 in a newer " +
+          "epoch) and consumer cursors unmoved twice as long with nothing left to handle; at least --dedupe-window",
+      ),
+      Flag.optional,
+    ),
     json: jsonFlag,
   },
-  ({ connection, olderThan, dedupeWindow, only, batch, json }) =>
+  ({ connection, olderThan, dedupeWindow, only, batch, idleKeys, json }) =>
     Effect.gen(function* () {
-      const p = yield* parsing(() => plan({ olderThan, dedupeWindow, only, batch }))
+      const p = yield* parsing(() => plan({ olderThan, dedupeWindow, only, batch, idleKeys }))
       yield* withDatabase(connection, { requireTables: true }, (db) =>
         Effect.gen(function* () {
           const before = yield* opsSql.cutoff(db, p.olderThan)
           const outbox = p.outbox ? yield* drain(() => opsSql.purgeSent(db, before, p.batch)) : null
           const inbox = p.inbox ? yield* drain(() => opsSql.purgeProcessed(db, before, p.batch)) : null
+          let keys: { counters: number; cursors: number } | null = null
+          if (p.idleKeys !== undefined) {
+            const idleBefore = yield* opsSql.cutoff(db, p.idleKeys)
+            const cursorsBefore = yield* opsSql.cutoff(db, 2 * p.idleKeys)
+            keys = {
+              counters: yield* drain(() => opsSql.purgeIdleCounters(db, idleBefore, p.batch)),
+              cursors: yield* drain(() => opsSql.purgeIdleCursors(db, cursorsBefore, p.batch)),
+            }
+          }
           if (json) {
             return yield* printJson({
               cutoff: before,
               outbox_sent_deleted: outbox,
               inbox_processed_deleted: inbox,
+              ...(keys === null
+                ? {}
+                : { partition_counters_deleted: keys.counters, inbox_cursors_deleted: keys.cursors }),
             })
+          }
+          if (keys !== null) {
+            yield* print(
+              `order state: deleted ${keys.counters} idle partition counter${keys.counters === 1 ? "" : "s"} and ${keys.cursors} idle consumer cursor${keys.cursors === 1 ? "" : "s"}`,
+            )
           }
           if (outbox !== null) {
             yield* print(

@@ -620,3 +620,70 @@ export const purgeProcessed = (
       .executeTakeFirst()
     return int(result.numDeletedRows)
   })
+
+/**
+ * Deletes up to `limit` partition counters not used since `before`. The key's
+ * next message starts a newer epoch at 1. Rows a producer holds are skipped.
+ */
+export const purgeIdleCounters = (
+  db: DatabaseShape,
+  before: Date,
+  limit: number,
+): Effect.Effect<number, StoreError> =>
+  query("purge.counters", async () => {
+    const result = await tables(db)
+      .with("idle", (qb) =>
+        qb
+          .selectFrom("partition_counters")
+          .select("partition_key")
+          .where("updated_at", "<", timestamptz(before))
+          .limit(int4(limit))
+          .forUpdate()
+          .skipLocked(),
+      )
+      .deleteFrom("partition_counters as p")
+      .using("idle")
+      .whereRef("p.partition_key", "=", "idle.partition_key")
+      .executeTakeFirst()
+    return int(result.numDeletedRows)
+  })
+
+/**
+ * Deletes up to `limit` consumer cursors not moved since `before` whose key has
+ * nothing left to handle for that consumer (no pending or dead row).
+ */
+export const purgeIdleCursors = (
+  db: DatabaseShape,
+  before: Date,
+  limit: number,
+): Effect.Effect<number, StoreError> =>
+  query("purge.cursors", async () => {
+    const result = await tables(db)
+      .with("idle", (qb) =>
+        qb
+          .selectFrom("inbox_cursors as c")
+          .select(["c.consumer", "c.partition_key"])
+          .where("c.updated_at", "<", timestamptz(before))
+          .where((eb) =>
+            eb.not(
+              eb.exists(
+                eb
+                  .selectFrom("inbox as i")
+                  .select("i.message_id")
+                  .whereRef("i.consumer", "=", "c.consumer")
+                  .whereRef("i.partition_key", "=", "c.partition_key")
+                  .where("i.status", "<>", PROCESSED),
+              ),
+            ),
+          )
+          .limit(int4(limit))
+          .forUpdate()
+          .skipLocked(),
+      )
+      .deleteFrom("inbox_cursors as k")
+      .using("idle")
+      .whereRef("k.consumer", "=", "idle.consumer")
+      .whereRef("k.partition_key", "=", "idle.partition_key")
+      .executeTakeFirst()
+    return int(result.numDeletedRows)
+  })

@@ -547,6 +547,37 @@ describe("txbox status and dead skip: ordered keys", () => {
   })
 })
 
+describe("txbox purge --idle-keys", () => {
+  test("deletes idle partition counters, and cursors idle twice as long with nothing left to handle", async () => {
+    const schema = await freshSchema()
+    const counters = sql.id(schema, "partition_counters")
+    const cursors = sql.id(schema, "inbox_cursors")
+    await sql`INSERT INTO ${counters} (partition_key, seq, updated_at) VALUES
+      ('idle', 4, now() - interval '40 days'), ('busy', 9, now() - interval '1 day')`.execute(t.db)
+    await sql`INSERT INTO ${cursors} (consumer, partition_key, epoch, last_seq, updated_at) VALUES
+      ('billing', 'gone', 1, 3, now() - interval '70 days'),
+      ('billing', 'waiting', 1, 3, now() - interval '70 days'),
+      ('billing', 'recent', 1, 3, now() - interval '40 days')`.execute(t.db)
+    await sql`INSERT INTO ${sql.id(schema, "inbox")} (message_id, consumer, partition_key, partition_epoch, partition_seq, status)
+              VALUES ('w5', 'billing', 'waiting', 1, 5, 'pending')`.execute(t.db)
+    const run = await txbox(["purge", ...on(schema), "--older-than", "8d", "--idle-keys", "30d", "--json"])
+    expect(run.stderr).toBe("")
+    expect(run.code).toBe(0)
+    expect(JSON.parse(run.stdout)).toMatchObject({ partition_counters_deleted: 1, inbox_cursors_deleted: 1 })
+    const left = await sql<{ k: string }>`
+      SELECT partition_key AS k FROM ${counters} UNION ALL SELECT partition_key FROM ${cursors} ORDER BY 1`.execute(
+      t.db,
+    )
+    expect(left.rows.map((r) => r.k)).toEqual(["busy", "recent", "waiting"])
+  })
+
+  test("an idle window shorter than the dedupe window is refused", async () => {
+    const schema = await freshSchema()
+    const run = await txbox(["purge", ...on(schema), "--older-than", "8d", "--idle-keys", "1d"])
+    expect(expectOneLineFailure(run, 2)).toContain("refusing --idle-keys 1d")
+  })
+})
+
 describe("txbox purge", () => {
   const DAY = 86_400
 

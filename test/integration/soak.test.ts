@@ -57,12 +57,19 @@ describe("the soak's verdict, read from the tables", () => {
     const o6 = order(6)
     const rolledBack = order(-1) // an order of a transaction that rolled back: must never be there
     await db.insertInto("orders").values([o1, o2, o3, o4, o5, o6, rolledBack]).execute()
-    const event = async (o: { id: string; n: number }, status: string, lastError: string | null = null) => {
+    const event = async (
+      o: { id: string; n: number },
+      status: string,
+      lastError: string | null = null,
+      key: { partition: string; seq: number } | null = null,
+    ) => {
       const id = randomUUID()
       await sql`
-        INSERT INTO txbox.outbox (id, type, version, payload, status, attempts, last_error)
+        INSERT INTO txbox.outbox (id, type, version, payload, status, attempts, last_error, partition_key, partition_epoch, partition_seq)
         VALUES (${id}, 'soak.order-placed', 1, ${JSON.stringify({ orderId: o.id, n: o.n })}::text::jsonb, ${status},
-                ${lastError === null ? 0 : 3}, ${lastError})`.execute(db)
+                ${lastError === null ? 0 : 3}, ${lastError}, ${key?.partition ?? null}, ${key === null ? null : 1}, ${key?.seq ?? null})`.execute(
+        db,
+      )
       return id
     }
     const e1 = await event(o1, "sent")
@@ -88,12 +95,23 @@ describe("the soak's verdict, read from the tables", () => {
     await effect(o2.id, e2)
     await effect(o2.id, e2) // applied twice
     await effect(randomUUID(), "m-none") // an effect of no order
+    // Key K: its second event handled before its first (out of order); key L in order.
+    const [k1, k2, l1, l2] = [order(11), order(12), order(13), order(14)]
+    await db.insertInto("orders").values([k1, k2, l1, l2]).execute()
+    const ek1 = await event(k1, "sent", null, { partition: "K", seq: 1 })
+    const ek2 = await event(k2, "sent", null, { partition: "K", seq: 2 })
+    const el1 = await event(l1, "sent", null, { partition: "L", seq: 1 })
+    const el2 = await event(l2, "sent", null, { partition: "L", seq: 2 })
+    await effect(k2.id, ek2)
+    await effect(k1.id, ek1)
+    await effect(l1.id, el1)
+    await effect(l2.id, el2)
 
     expect(await tableCounts(db)).toEqual({
-      orders: 6,
-      events: 7,
-      sent: 5,
-      effects: 4,
+      orders: 10,
+      events: 11,
+      sent: 9,
+      effects: 8,
       lost: 4, // o3 (pending), o4 (dead), o5 (inbox dead), o6 (no event)
       duplicated: 1,
       extraEffects: 1,
@@ -107,10 +125,11 @@ describe("the soak's verdict, read from the tables", () => {
       orphanEvents: 1,
       orphanEffects: 1,
       ordersWithoutEvent: 1,
+      keysOutOfOrder: 1,
     })
     // Still waiting for o3 (pending) and o6; o4 and o5 are dead and will never come.
     const progress = await drainProgress(db)
-    expect(progress).toEqual({ orders: 6, waiting: 2, outboxPending: 1, inboxPending: 0 })
+    expect(progress).toEqual({ orders: 10, waiting: 2, outboxPending: 1, inboxPending: 0 })
     expect(settled(progress)).toBe(false)
 
     const report = (await diagnostics(db, await tableCounts(db))).join("\n")
@@ -163,6 +182,7 @@ describe("soak: real processes under faults, judged from the tables", () => {
       stuck: r.stuck,
       rolledBackVisible: c.rolledBackOrders + c.rolledBackEvents,
       orphans: c.orphanEvents + c.orphanEffects + c.ordersWithoutEvent,
+      keysOutOfOrder: c.keysOutOfOrder,
       drained: r.drained,
       crashes: r.crashes.map((crash) => `${crash.process} gen ${crash.generation}: ${crash.exit}`),
       stalledProducers: r.stalls,
@@ -173,6 +193,7 @@ describe("soak: real processes under faults, judged from the tables", () => {
       stuck: 0,
       rolledBackVisible: 0,
       orphans: 0,
+      keysOutOfOrder: 0,
       drained: true,
       crashes: [],
       stalledProducers: [],

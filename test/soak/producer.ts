@@ -1,8 +1,9 @@
 // A producer process for the soak: a loop of business transactions, each writing 1–3 orders and one
 // event per order with `Outbox.enqueue` in the same transaction; a share of them roll back on
-// purpose after writing both. Wired as in the README quickstart (the store's own Kysely).
+// purpose after writing both. Each event has a partition key, one of KEYS customers, so the soak
+// also checks per-key order. Wired as in the README quickstart (the store's own Kysely).
 // env: DB_URL, DRIVER (unset = the library's default driver), RATE (transactions per second,
-//   default 25), ROLLBACK_FRACTION (default 0.1), PRODUCER (a name for its log lines)
+//   default 25), ROLLBACK_FRACTION (default 0.1), KEYS (default 200), PRODUCER (a name for its log lines)
 // Prints `progress {json}` every 2 s and `done {json}` after SIGTERM, when it exits 0.
 import { randomUUID } from "node:crypto"
 import { Effect, ManagedRuntime } from "effect"
@@ -13,6 +14,8 @@ import { OrderPlaced } from "./contract.ts"
 
 const rate = Number(process.env.RATE ?? "25")
 const rollbackFraction = Number(process.env.ROLLBACK_FRACTION ?? "0.1")
+// Distinct partition keys (customers) the orders are spread over.
+const keys = Number(process.env.KEYS ?? "200")
 const name = process.env.PRODUCER ?? "producer"
 
 class IntendedRollback extends Error {}
@@ -47,13 +50,21 @@ while (!stopping) {
   stats.transactions++
   try {
     await db.transaction().execute(async (trx) => {
-      for (const order of orders) {
-        await trx.insertInto("orders").values(order).execute()
-        // Run under the store's runtime: enqueue writes to the schema the relay reads (TxboxSchema).
-        await runtime.runPromise(
-          Outbox.enqueue(trx, OrderPlaced, { orderId: order.id, n: order.n }, { partitionKey: order.id }),
-        )
-      }
+      for (const order of orders) await trx.insertInto("orders").values(order).execute()
+      // Each order is a customer's, and a customer's events must be handled in commit order: the
+      // partition key. One enqueue call for the transaction's events, so their keys are locked in
+      // one sorted pass (see README "Per-key order"). Run under the store's runtime: enqueue writes
+      // to the schema the relay reads (TxboxSchema).
+      await runtime.runPromise(
+        Outbox.enqueueMany(
+          trx,
+          orders.map((order) => ({
+            contract: OrderPlaced,
+            payload: { orderId: order.id, n: order.n },
+            options: { partitionKey: `customer-${Math.floor(Math.random() * keys)}` },
+          })),
+        ),
+      )
       if (rollback) throw new IntendedRollback("rolled back on purpose")
     })
     stats.committed += size

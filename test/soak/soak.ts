@@ -1058,6 +1058,9 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
         `rows of rolled-back transactions are visible: ${counts.rolledBackOrders} orders, ${counts.rolledBackEvents} events`,
       )
     }
+    if (counts.keysOutOfOrder > 0) {
+      failures.push(`${counts.keysOutOfOrder} partition keys handled out of commit order`)
+    }
     if (counts.orphanEvents + counts.orphanEffects + counts.ordersWithoutEvent > 0) {
       failures.push(
         `orphans: ${counts.orphanEvents} events without order, ${counts.orphanEffects} effects without order, ` +
@@ -1212,7 +1215,8 @@ export function formatReport(r: SoakResult): string {
     lines.push(
       `lost ${c.lost}, duplicated ${c.duplicated}, dead ${r.dead} (outbox ${c.outboxDead}, inbox ${c.inboxDead}), ` +
         `stuck ${r.stuck} (outbox ${c.outboxPending}, inbox ${c.inboxPending}), rolled-back visible ` +
-        `${c.rolledBackOrders + c.rolledBackEvents}, orphans ${c.orphanEvents + c.orphanEffects + c.ordersWithoutEvent}`,
+        `${c.rolledBackOrders + c.rolledBackEvents}, orphans ${c.orphanEvents + c.orphanEffects + c.ordersWithoutEvent}, ` +
+        `keys out of order ${c.keysOutOfOrder}`,
     )
   }
   lines.push(
@@ -1246,6 +1250,7 @@ export function resultJson(r: SoakResult): string {
     duplicateMessages: r.duplicateMessages,
     lost: r.counts?.lost ?? null,
     duplicated: r.counts?.duplicated ?? null,
+    keysOutOfOrder: r.counts?.keysOutOfOrder ?? null,
     dead: r.dead,
     stuck: r.stuck,
     rolledBackVisible: r.counts ? r.counts.rolledBackOrders + r.counts.rolledBackEvents : null,

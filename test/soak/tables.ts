@@ -83,6 +83,11 @@ export interface TableCounts {
   readonly orphanEvents: number
   readonly orphanEffects: number
   readonly ordersWithoutEvent: number
+  /**
+   * Partition keys whose effects, in the order the handlers committed them, do not follow the
+   * numbers enqueue gave their events (commit order): a number handled after a later one, or twice.
+   */
+  readonly keysOutOfOrder: number
 }
 
 export const tableCounts = async (db: Db): Promise<TableCounts> => {
@@ -110,7 +115,13 @@ export const tableCounts = async (db: Db): Promise<TableCounts> => {
       (SELECT count(*) FROM effects e WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id = e.order_id)) AS orphan_effects,
       (SELECT count(*) FROM per_order WHERE n = 0) AS lost,
       (SELECT count(*) FROM per_order WHERE n > 1) AS duplicated,
-      (SELECT coalesce(sum(n - 1), 0) FROM per_order WHERE n > 1) AS extra_effects`.execute(db)
+      (SELECT coalesce(sum(n - 1), 0) FROM per_order WHERE n > 1) AS extra_effects,
+      (SELECT count(DISTINCT key) FROM (
+        SELECT x.partition_key AS key, x.partition_seq AS seq,
+               lag(x.partition_seq) OVER (PARTITION BY x.partition_key ORDER BY e.id) AS before
+        FROM effects e JOIN txbox.outbox x ON x.id::text = e.message_id
+        WHERE x.partition_key IS NOT NULL) handled
+       WHERE seq <= before) AS keys_out_of_order`.execute(db)
   const r = rows[0] ?? {}
   return {
     orders: num(r.orders),
@@ -130,6 +141,7 @@ export const tableCounts = async (db: Db): Promise<TableCounts> => {
     orphanEvents: num(r.orphan_events),
     orphanEffects: num(r.orphan_effects),
     ordersWithoutEvent: num(r.orders_without_event),
+    keysOutOfOrder: num(r.keys_out_of_order),
   }
 }
 

@@ -28,6 +28,12 @@ export interface MemoryFaults {
   readonly publishFailureRate?: number
   /** While true, `publish` fails as if the broker were unreachable. @default false */
   readonly down?: boolean
+  /**
+   * Delivers each published batch in a random order (using `random`), as a
+   * broker with several relays, retries and redeliveries may: for tests of
+   * per-key order. @default false
+   */
+  readonly shuffle?: boolean
 }
 
 export interface MemoryTransportOptions extends MemoryFaults {
@@ -119,20 +125,31 @@ export const makeBroker = (options: MemoryTransportOptions = {}): MemoryBroker =
           new TransportError({ reason: "connection", operation: "publish", cause: "broker is down" }),
         )
       }
-      const outcomes = messages.map((message): PublishOutcome => {
-        if (chance(faults.publishFailureRate)) {
-          stats.publishFailuresInjected++
-          return { _tag: "Nacked", error: "injected publish failure" }
+      const order = messages.map((_, i) => i)
+      if (faults.shuffle === true) {
+        // Fisher–Yates on the delivery order; outcomes stay in the batch's order.
+        for (let i = order.length - 1; i > 0; i--) {
+          const j = Math.floor(random() * (i + 1))
+          ;[order[i], order[j]] = [order[j]!, order[i]!]
         }
-        const targets = [...queues.values()].filter((q) => q.types.has(message.routingKey))
-        if (targets.length === 0)
-          return { _tag: "Returned", error: `unroutable (NO_ROUTE): ${message.routingKey}` }
-        for (const q of targets) push(q, { message, attempt: 1, redelivered: false })
-        stats.published++
-        return { _tag: "Confirmed" }
-      })
+      }
+      const outcomes: PublishOutcome[] = new Array(messages.length)
+      for (const i of order) outcomes[i] = publishOne(messages[i]!)
       return Effect.succeed(outcomes)
     })
+
+  const publishOne = (message: OutgoingMessage): PublishOutcome => {
+    if (chance(faults.publishFailureRate)) {
+      stats.publishFailuresInjected++
+      return { _tag: "Nacked", error: "injected publish failure" }
+    }
+    const targets = [...queues.values()].filter((q) => q.types.has(message.routingKey))
+    if (targets.length === 0)
+      return { _tag: "Returned", error: `unroutable (NO_ROUTE): ${message.routingKey}` }
+    for (const q of targets) push(q, { message, attempt: 1, redelivered: false })
+    stats.published++
+    return { _tag: "Confirmed" }
+  }
 
   /** Acks or schedules the retry. The delay runs on Effect's Clock (TestClock in unit tests), in the subscription's scope. */
   const settle = (queue: MemoryQueue, entry: Entry, decision: DeliveryDecision, scope: Scope.Scope) => {
