@@ -2,7 +2,8 @@
 // in the inbox's transaction. Default options, except the hook that makes a lost ack on demand.
 // env: DB_URL, AMQP_URL, EXCHANGE, CONSUMER, DRIVER (unset = default), MODE (idempotent |
 //   store-then-process; unset = the library's default, idempotent), LOST_ACK_FRACTION (0..1: the
-//   share of deliveries after whose commit the process SIGKILLs itself, before the ack).
+//   share of deliveries after whose commit the process SIGKILLs itself, before the ack),
+//   HANDLER_FAILURE_FRACTION (0..1, default 0.05: the share of handler runs that fail and are retried).
 // SIGUSR2 arms one lost ack: the process SIGKILLs itself right after its next commit.
 // SIGTERM stops it gracefully and exits 0.
 import { Effect, Layer } from "effect"
@@ -18,6 +19,8 @@ if (mode !== undefined && mode !== "idempotent" && mode !== "store-then-process"
   throw new Error(`MODE must be idempotent or store-then-process, got ${mode}`)
 }
 const lostAckFraction = Number(process.env.LOST_ACK_FRACTION ?? "0")
+// The share of handler runs that fail (and are retried): a flaky downstream, the usual kind.
+const failureFraction = Number(process.env.HANDLER_FAILURE_FRACTION ?? "0.05")
 
 let armed = false
 process.on("SIGUSR2", () => {
@@ -51,6 +54,7 @@ const program = Effect.scoped(
             // One line per handler run, so that the report can trace a lost or duplicated message
             // through the consumers' logs (did a handler ever see it, how often, on which attempt).
             logLine(`handle ${envelope.id} attempt ${envelope.attempt}`)
+            if (Math.random() < failureFraction) throw new Error("injected handler failure (retried)")
             return trx
               .insertInto("effects")
               .values({ order_id: payload.orderId, consumer, message_id: envelope.id, pid: process.pid })
