@@ -1,11 +1,16 @@
-// A txbox Inbox in a process of its own, as a consuming service runs it (for the latency bench):
-// prints {"event":"ready"} once subscribed, {"event":"stats", ...} every STATS_MS, and on a
-// "report" line {"event":"report", latencies: [[serial, ms], ...]}: for every handled message
-// with a `committedAt`, the handler's start time minus that commit time.
+// A txbox Inbox in a process of its own, as a consuming service runs it (for the latency and
+// ordered benches): prints {"event":"ready"} once subscribed, {"event":"stats", ...} every
+// STATS_MS, and on a "report" line {"event":"report", latencies: [[serial, ms], ...]}: for every
+// handled message with a `committedAt`, the handler's start time minus that commit time.
+// With RECORD=1 the handler also inserts (serial, partition key, seq) into `bench.handled` through
+// the inbox's transaction: an effect that commits with the inbox row, counted and checked by the bench.
 //
 // env: DB_URL, AMQP_URL, EXCHANGE, CONSUMER, MODE (idempotent | store-then-process),
-//      PREFETCH (default 32), STATS_MS (default 1000), QUEUE_TYPE (default quorum)
+//      PREFETCH (default 32), STATS_MS (default 1000), QUEUE_TYPE (default quorum), RECORD (default 0);
+//      BATCH, POLL_MS, CONCURRENCY: the processor's batchSize, pollInterval (ms) and
+//      processorConcurrency, only when set (else the Inbox defaults)
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
+import { sql } from "kysely"
 import * as Inbox from "../../src/Inbox.ts"
 import * as PostgresStore from "../../src/storage/PostgresStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
@@ -32,16 +37,32 @@ const runtime = ManagedRuntime.make(
   ),
 )
 const latencies: Array<[number, number]> = []
+const record = env("RECORD", "0") === "1"
+const optional = (name: string): number | undefined =>
+  process.env[name] === undefined || process.env[name] === "" ? undefined : Number(process.env[name])
+const batchSize = optional("BATCH")
+const pollMs = optional("POLL_MS")
+const concurrency = optional("CONCURRENCY")
 const scope = await runtime.runPromise(Scope.make())
 const handle = await runtime.runPromise(
   Inbox.make({
     consumer: env("CONSUMER"),
     mode: env("MODE", "idempotent") as "idempotent" | "store-then-process",
     prefetch: Number(env("PREFETCH", "32")),
+    ...(batchSize === undefined ? {} : { batchSize }),
+    ...(pollMs === undefined ? {} : { pollInterval: pollMs }),
+    ...(concurrency === undefined ? {} : { processorConcurrency: concurrency }),
     handlers: [
-      Inbox.handler(OrderPlaced, ({ payload }) =>
-        Effect.sync(() => {
+      Inbox.handler(OrderPlaced, ({ payload, envelope, trx }) =>
+        Effect.gen(function* () {
           if (payload.committedAt > 0) latencies.push([payload.serial, wallMs() - payload.committedAt])
+          if (!record) return
+          yield* Effect.tryPromise(() =>
+            sql`INSERT INTO bench.handled (serial, key, seq)
+                VALUES (${payload.serial}, ${envelope.partitionKey ?? null}, ${envelope.position?.seq ?? null})`.execute(
+              trx,
+            ),
+          )
         }),
       ),
     ],

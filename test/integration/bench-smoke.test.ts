@@ -50,7 +50,17 @@ const expectResult = (name: string) => {
 }
 
 describe("bench scripts --quick", () => {
-  for (const name of ["relay", "latency", "inbox", "enqueue", "memory", "scaleout", "profile", "builder"]) {
+  for (const name of [
+    "relay",
+    "latency",
+    "inbox",
+    "enqueue",
+    "memory",
+    "scaleout",
+    "ordered",
+    "profile",
+    "builder",
+  ]) {
     test(name, async () => {
       const { code, output } = await runQuick(name)
       if (code !== 0) console.error(output)
