@@ -7,12 +7,18 @@ import { Effect, Layer, ManagedRuntime } from "effect"
 import { sql } from "kysely"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
-import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
+import type { OutgoingMessage } from "../../src/ports/Transport.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { deadQueueName, delayQueueName, queueName } from "../../src/transport/amqp/subscriber.ts"
 import { Note } from "../fixtures/contracts.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
-import { eventually, type MigratedDatabase, migratedDatabase, storeLayer } from "../support/txbox.ts"
+import {
+  eventually,
+  type MigratedDatabase,
+  migratedDatabase,
+  publishConfirmed,
+  storeLayer,
+} from "../support/txbox.ts"
 
 let t: MigratedDatabase
 let broker: amqp.ChannelModel
@@ -37,20 +43,7 @@ const note = (text: string): OutgoingMessage => ({
   tenantId: null,
 })
 
-const publish = async (exchange: string, messages: ReadonlyArray<OutgoingMessage>) => {
-  const runtime = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
-  try {
-    const outcomes = await runtime.runPromise(
-      Effect.gen(function* () {
-        const transport = yield* Transport
-        return yield* transport.publish(messages)
-      }),
-    )
-    expect(outcomes.filter((o) => o._tag !== "Confirmed")).toEqual([])
-  } finally {
-    await runtime.dispose()
-  }
-}
+const publish = publishConfirmed
 
 const startInbox = (
   exchange: string,

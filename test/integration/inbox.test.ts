@@ -11,7 +11,13 @@ import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { Note } from "../fixtures/contracts.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
 import { startFixture } from "../support/processes.ts"
-import { eventually, type MigratedDatabase, migratedDatabase, storeLayer } from "../support/txbox.ts"
+import {
+  eventually,
+  type MigratedDatabase,
+  migratedDatabase,
+  publishConfirmed,
+  storeLayer,
+} from "../support/txbox.ts"
 
 let t: MigratedDatabase
 beforeAll(async () => {
@@ -36,21 +42,7 @@ const note = (text: string, extra: Partial<OutgoingMessage> = {}): OutgoingMessa
   ...extra,
 })
 
-/** Publishes through txbox's own transport and insists every message was confirmed. */
-const publish = async (exchange: string, messages: ReadonlyArray<OutgoingMessage>) => {
-  const runtime = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
-  try {
-    const outcomes = await runtime.runPromise(
-      Effect.gen(function* () {
-        const transport = yield* Transport
-        return yield* transport.publish(messages)
-      }),
-    )
-    expect(outcomes.filter((o) => o._tag !== "Confirmed")).toEqual([])
-  } finally {
-    await runtime.dispose()
-  }
-}
+const publish = publishConfirmed
 
 /** The same handler as the fixture's, in this process: one `effects` row per applied message. */
 const recordingHandler = (consumer: string, failUntilAttempt = 0) =>

@@ -5,9 +5,11 @@ import { Kysely, sql } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
 import type { TxboxStore } from "../../src/ports/stores.ts"
+import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
 import { migrate } from "../../src/storage/migrator.ts"
 import * as PostgresStore from "../../src/storage/PostgresStore.ts"
-import { createTestDatabase, type TestDatabase } from "./db.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { amqpUrl, createTestDatabase, type TestDatabase } from "./db.ts"
 
 export interface MigratedDatabase extends TestDatabase {
   /** A plain Kysely on the test database, for the test's own reads and business tables. */
@@ -63,4 +65,21 @@ export const eventually = async (what: string, check: () => Promise<boolean>, ti
     await new Promise((r) => setTimeout(r, 50))
   }
   throw new Error(`timed out after ${timeoutMs} ms waiting for: ${what}`)
+}
+
+/** Publishes through txbox's own AMQP transport; fails unless the broker confirmed every message. */
+export const publishConfirmed = async (exchange: string, messages: ReadonlyArray<OutgoingMessage>) => {
+  const runtime = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
+  try {
+    const outcomes = await runtime.runPromise(
+      Effect.gen(function* () {
+        const transport = yield* Transport
+        return yield* transport.publish(messages)
+      }),
+    )
+    const refused = outcomes.filter((o) => o._tag !== "Confirmed")
+    if (refused.length > 0) throw new Error(`not confirmed: ${JSON.stringify(refused)}`)
+  } finally {
+    await runtime.dispose()
+  }
 }
