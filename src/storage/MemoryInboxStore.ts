@@ -32,8 +32,8 @@ import {
   type InboxTransaction,
 } from "../ports/InboxStore.ts"
 import type { Claim } from "../ports/lease.ts"
-import type { PartitionPosition } from "../ports/Transport.ts"
 import { applyFailure, makeWakeups } from "./memoryLease.ts"
+import { advanced, isEarly, type PartitionCursor } from "./partitionGate.ts"
 
 /** One inbox row as a test sees it; times are epoch ms of the `Clock`. */
 export interface MemoryInboxRow extends InboxRow {
@@ -91,27 +91,9 @@ const toInboxRow = (row: Row): InboxRow => ({
   lastError: row.lastError,
 })
 
-interface Cursor {
-  readonly epoch: number
-  readonly lastSeq: number
-}
-
-/** The claim's per-key gate, as the SQL store's `notEarly`: an ordered row waits until it is next. */
-const early = (row: Row, cursor: Cursor | undefined): boolean => {
-  const at = row.position
-  if (at == null || row.partitionKey === null) return false
-  if (cursor === undefined) return at.seq !== 1
-  if (cursor.epoch === at.epoch) return at.seq > cursor.lastSeq + 1
-  return cursor.epoch < at.epoch && at.seq !== 1
-}
-
-/** The cursor after processing `at`: never backwards within an epoch; a newer epoch replaces it. */
-const advanced = (cursor: Cursor | undefined, at: PartitionPosition): Cursor =>
-  cursor === undefined || at.epoch > cursor.epoch
-    ? { epoch: at.epoch, lastSeq: at.seq }
-    : at.epoch === cursor.epoch
-      ? { epoch: at.epoch, lastSeq: Math.max(cursor.lastSeq, at.seq) }
-      : cursor
+/** The claim's per-key gate: an ordered row waits until it is next. */
+const early = (row: Row, cursor: PartitionCursor | undefined): boolean =>
+  row.position != null && row.partitionKey !== null && isEarly(row.position, cursor)
 
 const byDue = (a: Row, b: Row): number => a.visibleAt - b.visibleAt || a.seq - b.seq
 
@@ -138,7 +120,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
   Effect.sync(() => {
     const table = new Map<string, Row>()
     /** Per (consumer, partition key): the last number processed. */
-    const cursors = new Map<string, Cursor>()
+    const cursors = new Map<string, PartitionCursor>()
     /** Keys an open transaction has inserted (not yet in `table`) or marked (locked). */
     const held = new Map<string, Tx>()
     let seq = 0

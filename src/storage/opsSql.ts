@@ -23,6 +23,7 @@ import { classifyDbError } from "../core/dbErrors.ts"
 import type { StoreError } from "../Errors.ts"
 import type { DatabaseShape } from "../ports/Database.ts"
 import type { InboxStatus, OutboxStatus as OutboxRowStatus, TxboxDatabase } from "../ports/tables.ts"
+import { isNext } from "./partitionGate.ts"
 
 const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
   Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(
@@ -333,13 +334,8 @@ export const skipDead = (
           .where("partition_key", "=", row.partition_key)
           .forUpdate()
           .executeTakeFirst()
-        const isHead =
-          cursor === undefined
-            ? row.seq === 1
-            : cursor.epoch === row.epoch
-              ? row.seq === cursor.last_seq + 1
-              : cursor.epoch < row.epoch && row.seq === 1
-        if (!isHead) {
+        const at = { epoch: row.epoch, seq: row.seq }
+        if (!isNext(at, cursor && { epoch: cursor.epoch, lastSeq: cursor.last_seq })) {
           return {
             skipped: false,
             reason: `it is not the next message of key ${row.partition_key} (the consumer is at ${cursor === undefined ? 0 : cursor.last_seq})`,
