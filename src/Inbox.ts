@@ -26,7 +26,7 @@ import { isLive, makeLoopState, runLeaseLoop } from "./core/leaseLoop.ts"
 import { makeSignal } from "./core/signal.ts"
 import { subscribe } from "./core/subscription.ts"
 import type { ConfigError } from "./Errors.ts"
-import { InboxStore } from "./ports/InboxStore.ts"
+import { InboxStore, type OrderedDeadPolicy } from "./ports/InboxStore.ts"
 import { type Delivery, Transport } from "./ports/Transport.ts"
 import { makeRetryPolicy, type RetryPolicy } from "./Retry.ts"
 
@@ -61,6 +61,14 @@ export interface InboxConfig {
    * processor's claim is kept alive meanwhile. @default "30 seconds"
    */
   readonly handlerTimeout?: Duration.Input
+  /**
+   * What a dead message of an ordered key (`partitionKey`) does to the key's
+   * later messages. `"block"`: they wait until it is redriven (`txbox dead
+   * redrive`) or skipped (`txbox dead skip`); `txbox status` lists the key as
+   * blocked. `"skip"`: they go on as if it had been handled; the dead row stays
+   * for the record (redriven later, it runs out of order). @default "block"
+   */
+  readonly onOrderedDead?: OrderedDeadPolicy
   /**
    * Runs after the inbox transaction committed and before the broker ack
    * (idempotent mode: after the handler's commit; store-then-process: after
@@ -105,6 +113,7 @@ export interface ResolvedInboxConfig {
   readonly leaseMs: number
   readonly pollMs: number
   readonly handlerTimeoutMs: number
+  readonly onOrderedDead: OrderedDeadPolicy
   readonly retry: RetryPolicy
   readonly outage: RetryPolicy
 }
@@ -137,6 +146,7 @@ export const resolveConfig = (c: InboxConfig): Effect.Effect<ResolvedInboxConfig
       leaseMs,
       handlerTimeoutMs,
       pollMs: config.millis("inbox pollInterval", c.pollInterval, "1 second", { minMs: 1 }),
+      onOrderedDead: config.oneOf("inbox onOrderedDead", c.onOrderedDead, "block", ["block", "skip"]),
       retry: makeRetryPolicy(c.retry, "inbox retry"),
       outage: makeRetryPolicy({ initialDelay: "200 millis", maxDelay: "10 seconds" }, "inbox outageRetry"),
     }

@@ -32,6 +32,7 @@ export {
   InboxStore,
   type InboxStoreShape,
   type InboxTransaction,
+  type OrderedDeadPolicy,
 } from "./ports/InboxStore.ts"
 export type { Claim, Verdict } from "./ports/lease.ts"
 export {

@@ -7,7 +7,7 @@
 import { Effect, Metric } from "effect"
 import type { StoreError } from "../Errors.ts"
 import * as Metrics from "../Metrics.ts"
-import type { InboxMark, InboxRow } from "../ports/InboxStore.ts"
+import type { InboxMark, InboxRow, OrderedDeadPolicy } from "../ports/InboxStore.ts"
 import { bounded } from "./bounded.ts"
 import { decodeDelivery, rowAsDelivery } from "./decodeDelivery.ts"
 import { runHandler } from "./handler.ts"
@@ -20,6 +20,7 @@ export interface ProcessorSettings {
   readonly leaseMs: number
   /** Handlers run at once, each in its own transaction (its own pooled connection). */
   readonly concurrency: number
+  readonly onOrderedDead: OrderedDeadPolicy
 }
 
 export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effect<number, StoreError> => {
@@ -68,9 +69,10 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
   return Effect.gen(function* () {
     advancedKeys = 0
     const { token, rows } = yield* Effect.suspend(() =>
-      p.store.claim(p.consumer, s.batchSize, s.leaseMs),
+      p.store.claim(p.consumer, s.batchSize, s.leaseMs, s.onOrderedDead),
     ).pipe(bounded("Inbox.claim", STATEMENTS_MS))
     if (rows.length === 0) return 0
+    const ordered = new Set(rows.filter((r) => r.position != null).map((r) => r.key))
     // Each row in its own transaction, several at once: one at a time capped
     // the processor far below what the consumer side stores (bench/README.md "inbox").
     const results = yield* holdingLease(
@@ -81,6 +83,8 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
     const marks = results.filter((m): m is InboxMark => m !== undefined)
     yield* p.store.mark(p.consumer, token, marks).pipe(bounded("Inbox.mark", STATEMENTS_MS))
     for (const m of marks) {
+      // Under "skip" a dead ordered row lets its key's next row go, as a processed one does.
+      if (m.verdict._tag === "Dead" && s.onOrderedDead === "skip" && ordered.has(m.key)) advancedKeys++
       if (m.verdict._tag === "Dead") p.counters.dead++
       else if (m.verdict.spendsAttempt) p.counters.retried++
       if (m.verdict._tag === "Dead" || m.verdict.spendsAttempt) {

@@ -55,6 +55,13 @@ export interface InboxTransaction {
   ) => Effect.Effect<boolean, StoreError>
 }
 
+/**
+ * What a dead ordered message does to its key: `block` holds the key's later
+ * messages until the dead one is redriven or skipped (`txbox dead skip`);
+ * `skip` lets them go on as if it had been handled.
+ */
+export type OrderedDeadPolicy = "block" | "skip"
+
 /** A verdict for one claimed row (`Done` rows are marked inside their transaction instead). */
 export interface InboxMark {
   readonly key: string
@@ -70,11 +77,16 @@ export interface InboxStoreShape {
   readonly insertPending: (rows: ReadonlyArray<InboxRow>) => Effect.Effect<number, StoreError>
   /** Records rows that will never be handled (undecodable, unknown, out of attempts); duplicates are ignored. */
   readonly insertDead: (rows: ReadonlyArray<InboxRow>) => Effect.Effect<number, StoreError>
-  /** Claims up to `limit` due pending rows of `consumer` under a lease, as the relay claims the outbox. */
+  /**
+   * Claims up to `limit` due pending rows of `consumer` under a lease, as the
+   * relay claims the outbox. An ordered row waits for its predecessor; under
+   * `onDead: "skip"` a dead predecessor counts as passed. @default onDead "block"
+   */
   readonly claim: (
     consumer: string,
     limit: number,
     leaseMs: number,
+    onDead?: OrderedDeadPolicy,
   ) => Effect.Effect<Claim<InboxRow>, StoreError>
   /** Keeps the rows of `consumer` that `token` still holds for another `leaseMs` (while their handlers run). */
   readonly extend: (consumer: string, token: string, leaseMs: number) => Effect.Effect<number, StoreError>

@@ -30,10 +30,12 @@ import {
   InboxStore,
   type InboxStoreShape,
   type InboxTransaction,
+  type OrderedDeadPolicy,
 } from "../ports/InboxStore.ts"
 import type { Claim } from "../ports/lease.ts"
+import type { PartitionPosition } from "../ports/Transport.ts"
 import { applyFailure, makeWakeups } from "./memoryLease.ts"
-import { advanced, isEarly, type PartitionCursor } from "./partitionGate.ts"
+import { advanced, isEarly, onlyDeadBefore, type PartitionCursor } from "./partitionGate.ts"
 
 /** One inbox row as a test sees it; times are epoch ms of the `Clock`. */
 export interface MemoryInboxRow extends InboxRow {
@@ -91,9 +93,16 @@ const toInboxRow = (row: Row): InboxRow => ({
   lastError: row.lastError,
 })
 
-/** The claim's per-key gate: an ordered row waits until it is next. */
-const early = (row: Row, cursor: PartitionCursor | undefined): boolean =>
-  row.position != null && row.partitionKey !== null && isEarly(row.position, cursor)
+/** The claim's per-key gate: an ordered row waits until it is next (or, under "skip", until only dead rows are before it). */
+const waits = (
+  row: Row,
+  cursor: PartitionCursor | undefined,
+  deadBefore: ((at: PartitionPosition) => boolean) | undefined,
+): boolean =>
+  row.position != null &&
+  row.partitionKey !== null &&
+  isEarly(row.position, cursor) &&
+  !(deadBefore?.(row.position) ?? false)
 
 const byDue = (a: Row, b: Row): number => a.visibleAt - b.visibleAt || a.seq - b.seq
 
@@ -201,9 +210,23 @@ export const make = (): Effect.Effect<MemoryInbox> =>
 
     const insertDead = (rows: ReadonlyArray<InboxRow>) => insertRows("InboxStore.insertDead", rows, "dead")
 
-    const claim = (consumer: string, limit: number, leaseMs: number) =>
+    const claim = (consumer: string, limit: number, leaseMs: number, onDead: OrderedDeadPolicy = "block") =>
       op("InboxStore.claim", (now): Claim<InboxRow> => {
         const token = uuidv7()
+        const deadBefore = (key: string) =>
+          onDead === "skip"
+            ? (at: PartitionPosition) =>
+                onlyDeadBefore(at, cursors.get(rowKey(consumer, key)), (seq) =>
+                  [...table.values()].some(
+                    (r) =>
+                      r.consumer === consumer &&
+                      r.partitionKey === key &&
+                      r.status === "dead" &&
+                      r.position?.epoch === at.epoch &&
+                      r.position.seq === seq,
+                  ),
+                )
+            : undefined
         const due = [...table.entries()]
           // Rows an open transaction has locked are skipped, not waited for (SKIP LOCKED).
           .filter(
@@ -212,7 +235,10 @@ export const make = (): Effect.Effect<MemoryInbox> =>
               r.status === "pending" &&
               r.visibleAt <= now &&
               !held.has(k) &&
-              !early(r, r.partitionKey === null ? undefined : cursors.get(rowKey(consumer, r.partitionKey))),
+              !(
+                r.partitionKey !== null &&
+                waits(r, cursors.get(rowKey(consumer, r.partitionKey)), deadBefore(r.partitionKey))
+              ),
           )
           .map(([, r]) => r)
           .sort(byDue)

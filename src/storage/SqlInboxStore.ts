@@ -20,6 +20,7 @@ import {
   InboxStore,
   type InboxStoreShape,
   type InboxTransaction,
+  type OrderedDeadPolicy,
 } from "../ports/InboxStore.ts"
 import type { Claim } from "../ports/lease.ts"
 import type { TxboxDatabase } from "../ports/tables.ts"
@@ -228,6 +229,37 @@ const notEarly = (eb: ExpressionBuilder<InboxScope, "w">) => {
   ])
 }
 
+/**
+ * The gate under `onOrderedDead: "skip"`: an early row may still go when every
+ * number between its key's cursor and it is a dead row (a dead message counts
+ * as passed). Only a missing number holds it then. Both counts run on the
+ * `inbox_ordered` index, and only for rows `notEarly` turned away.
+ */
+const onlyDeadBefore = (eb: ExpressionBuilder<InboxScope, "w">) => {
+  const handled = eb.fn.coalesce(
+    eb
+      .selectFrom("inbox_cursors as c")
+      .select("c.last_seq")
+      .whereRef("c.consumer", "=", "w.consumer")
+      .whereRef("c.partition_key", "=", "w.partition_key")
+      .whereRef("c.epoch", "=", "w.partition_epoch"),
+    sql.lit(0),
+  )
+  const deadBetween = eb
+    .selectFrom("inbox as d")
+    .select((d) => d.fn.countAll<string>().as("n"))
+    .whereRef("d.consumer", "=", "w.consumer")
+    .whereRef("d.partition_key", "=", "w.partition_key")
+    .whereRef("d.partition_epoch", "=", "w.partition_epoch")
+    .where("d.partition_seq", "is not", null)
+    // Spelled as the partial index's predicate too, so the planner uses it.
+    .where("d.status", "<>", sql.lit("processed"))
+    .where("d.status", "=", sql.lit("dead"))
+    .where(sql<boolean>`d.partition_seq > ${handled}`)
+    .whereRef("d.partition_seq", "<", "w.partition_seq")
+  return eb(sql<string>`${eb.ref("w.partition_seq")} - 1 - ${handled}`, "=", deadBetween)
+}
+
 /** Claims up to `limit` due pending rows of one consumer: SKIP LOCKED plus a lease, as the relay claims the outbox. */
 export const claimQuery = (
   db: Kysely<TxboxDatabase>,
@@ -237,6 +269,7 @@ export const claimQuery = (
     token,
     leaseMs,
   }: { readonly consumer: string; readonly limit: number; readonly token: string; readonly leaseMs: number },
+  passDead = false,
 ): CompiledQuery<StoredRow> =>
   db
     .with("due", (qb) =>
@@ -246,7 +279,7 @@ export const claimQuery = (
         .where("w.consumer", "=", consumer)
         .where("w.status", "=", pending)
         .where("w.visible_at", "<=", now)
-        .where(notEarly)
+        .where((eb) => (passDead ? eb.or([notEarly(eb), onlyDeadBefore(eb)]) : notEarly(eb)))
         .orderBy("w.visible_at")
         .limit(limit)
         .forUpdate()
@@ -434,6 +467,8 @@ export interface InboxStatements {
   readonly insertPending: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
   readonly insertDead: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
   readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<StoredRow>
+  /** The claim under `onOrderedDead: "skip"`: dead rows do not hold their key. */
+  readonly claimPassingDead: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<StoredRow>
   readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
   readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
   readonly markProcessed: (
@@ -462,6 +497,12 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     rows: "\0rows",
   }),
   claim: prepare(db, claimQuery, { consumer: "\0consumer", limit: -1, token: "\0token", leaseMs: -2 }),
+  claimPassingDead: prepare(db, (db, p: Parameters<typeof claimQuery>[1]) => claimQuery(db, p, true), {
+    consumer: "\0consumer",
+    limit: -1,
+    token: "\0token",
+    leaseMs: -2,
+  }),
   release: prepare(db, releaseQuery, { consumer: "\0consumer", token: "\0token" }),
   extend: prepare(db, extendQuery, { consumer: "\0consumer", token: "\0token", leaseMs: -1 }),
   markProcessed: prepare(db, markProcessedQuery, {
@@ -508,10 +549,16 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
           db.executeQuery(statement({ rows: storedRows(rows) })).then((r) => r.rows.length),
         )
 
-  const claim = Effect.fn("InboxStore.claim")(function* (consumer: string, limit: number, leaseMs: number) {
+  const claim = Effect.fn("InboxStore.claim")(function* (
+    consumer: string,
+    limit: number,
+    leaseMs: number,
+    onDead: OrderedDeadPolicy = "block",
+  ) {
     const token = uuidv7()
+    const statement = onDead === "skip" ? q.claimPassingDead : q.claim
     const rows = yield* tryStore("InboxStore.claim", (signal) => {
-      const claimed = db.executeQuery(q.claim({ consumer, limit, token, leaseMs })).then((r) => r.rows)
+      const claimed = db.executeQuery(statement({ consumer, limit, token, leaseMs })).then((r) => r.rows)
       // Given up on (interrupted, e.g. timed out), the statement may still run
       // later: hand whatever it claims straight back rather than leave it to the lease.
       signal.addEventListener(

@@ -38,3 +38,18 @@ export const advanced = (cursor: PartitionCursor | undefined, at: PartitionPosit
     : at.epoch === cursor.epoch
       ? { epoch: at.epoch, lastSeq: Math.max(cursor.lastSeq, at.seq) }
       : cursor
+
+/**
+ * Under `onOrderedDead: "skip"`: the numbers between the cursor and `at` are
+ * all dead messages (`isDead` says which of the key's numbers in `at`'s epoch
+ * are), so `at` may go although it is early. A missing number still holds it.
+ */
+export const onlyDeadBefore = (
+  at: PartitionPosition,
+  cursor: PartitionCursor | undefined,
+  isDead: (seq: number) => boolean,
+): boolean => {
+  const handled = cursor !== undefined && cursor.epoch === at.epoch ? cursor.lastSeq : 0
+  for (let seq = handled + 1; seq < at.seq; seq++) if (!isDead(seq)) return false
+  return true
+}

@@ -52,12 +52,18 @@ const seenByKey = async (consumer: string) => {
 const startInbox = (
   exchange: string,
   consumer: string,
-  options: { failRate?: number; refuse?: (label: string) => boolean; mode?: Inbox.InboxConfig["mode"] } = {},
+  options: {
+    failRate?: number
+    refuse?: (label: string) => boolean
+    mode?: Inbox.InboxConfig["mode"]
+    onOrderedDead?: Inbox.InboxConfig["onOrderedDead"]
+  } = {},
 ) =>
   ManagedRuntime.make(
     Inbox.layer({
       consumer,
       ...(options.mode ? { mode: options.mode } : {}),
+      ...(options.onOrderedDead ? { onOrderedDead: options.onOrderedDead } : {}),
       pollInterval: "200 millis",
       retry: { initialDelay: "50 millis", maxDelay: "200 millis", maxAttempts: options.refuse ? 2 : 20 },
       handlers: [
@@ -290,6 +296,56 @@ describe("per-key order, end to end", () => {
       expect(redriven).toBe(1)
       await eventually("P resumes", async () => (await seqsOf("P")).length === 6, 30_000)
       expect(await seqsOf("P")).toEqual([1, 2, 3, 4, 5, 6])
+    } finally {
+      await relay.dispose()
+      await inbox.dispose()
+    }
+  }, 150_000)
+
+  test('onOrderedDead "skip": the poison message goes dead and its key goes on in order without it', async () => {
+    const exchange = uniqueName("ordering-skip")
+    const consumer = uniqueName("ordering-skip")
+    const inbox = startInbox(exchange, consumer, {
+      refuse: (label) => label === "P#3",
+      onOrderedDead: "skip",
+    })
+    const relay = ManagedRuntime.make(
+      Relay.layer({ pollInterval: "100 millis" }).pipe(
+        Layer.provide(
+          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+        ),
+      ),
+    )
+    try {
+      await inbox.runPromise(Effect.void)
+      await relay.runPromise(Effect.void)
+      for (let seq = 1; seq <= 6; seq++) {
+        await t.db.transaction().execute((trx) =>
+          relay.runPromise(
+            Outbox.enqueueMany(
+              trx,
+              ["P", "Q"].map((key) => ({
+                contract: Step,
+                payload: { key: `${consumer}-${key}`, label: `${key}#${seq}` },
+                options: { partitionKey: `${consumer}-${key}` },
+              })),
+            ),
+          ),
+        )
+      }
+      const seqsOf = async (key: string) => (await seenByKey(consumer)).get(`${consumer}-${key}`)?.seqs ?? []
+      await eventually(
+        "P and Q done",
+        async () => (await seqsOf("P")).length === 5 && (await seqsOf("Q")).length === 6,
+        60_000,
+      )
+      expect(await seqsOf("P")).toEqual([1, 2, 4, 5, 6])
+      expect(await seqsOf("Q")).toEqual([1, 2, 3, 4, 5, 6])
+      const dead = await sql<{ seq: string }>`
+        SELECT partition_seq AS seq FROM txbox.inbox WHERE consumer = ${consumer} AND status = 'dead'`.execute(
+        t.db,
+      )
+      expect(dead.rows.map((r) => Number(r.seq))).toEqual([3])
     } finally {
       await relay.dispose()
       await inbox.dispose()

@@ -17,7 +17,12 @@
 import { afterEach, beforeEach, describe, expect, test } from "bun:test"
 import { Cause, Deferred, Effect, Exit, Fiber } from "effect"
 import { uuidv7 } from "../../src/core/uuid.ts"
-import { type InboxRow, InboxStore, type InboxStoreShape } from "../../src/ports/InboxStore.ts"
+import {
+  type InboxRow,
+  InboxStore,
+  type InboxStoreShape,
+  type OrderedDeadPolicy,
+} from "../../src/ports/InboxStore.ts"
 import type { Verdict } from "../../src/ports/lease.ts"
 import { OutboxStore, type OutboxStoreShape } from "../../src/ports/OutboxStore.ts"
 
@@ -434,8 +439,8 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
     const harness = withHarness(setup)
     const store = <A, E>(f: (s: InboxStoreShape) => Effect.Effect<A, E>) => harness().run(InboxStore.use(f))
     const consumer = "consumer-a"
-    const claim = (limit: number, leaseMs = LONG_LEASE, who = consumer) =>
-      store((s) => s.claim(who, limit, leaseMs))
+    const claim = (limit: number, leaseMs = LONG_LEASE, who = consumer, onDead?: OrderedDeadPolicy) =>
+      store((s) => s.claim(who, limit, leaseMs, onDead))
     const insertProcessed = (row: InboxRow) => store((s) => s.transaction((tx) => tx.insertProcessed(row)))
     const markProcessed = (key: string, token: string, attempts: number) =>
       store((s) => s.transaction((tx) => tx.markProcessed(consumer, key, token, attempts)))
@@ -625,6 +630,38 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       expect(await markProcessed("b2", second.token, 1)).toBe(true)
       expect(await claimKeys()).toMatchObject({ keys: [] })
       expect((await row("a2")).status).toBe("pending")
+    })
+
+    test('under onOrderedDead "skip" a dead row lets its key go on; a missing one still holds it', async () => {
+      const claimSkipping = async () => {
+        const { token, rows } = await claim(10, LONG_LEASE, consumer, "skip")
+        return { token, keys: sorted(rows.map((r) => r.key)) }
+      }
+      await store((s) =>
+        s.insertPending([
+          ordered("a1", "A", 1),
+          ordered("a2", "A", 2),
+          ordered("a3", "A", 3),
+          ordered("a5", "A", 5),
+        ]),
+      )
+      const first = await claimSkipping()
+      expect(first.keys).toEqual(["a1"])
+      expect(await mark(first.token, "a1", dead("poison"))).toBe(1)
+      // "block" (the default) still holds the key behind the dead row ...
+      expect(await claimKeys()).toMatchObject({ keys: [] })
+      // ... "skip" passes it: a2 runs, then a3; a5 waits for the missing a4.
+      const second = await claimSkipping()
+      expect(second.keys).toEqual(["a2"])
+      expect(await markProcessed("a2", second.token, 1)).toBe(true)
+      const third = await claimSkipping()
+      expect(third.keys).toEqual(["a3"])
+      expect(await mark(third.token, "a3", dead("poison too"))).toBe(1)
+      expect(await claimSkipping()).toMatchObject({ keys: [] })
+      // A dead row stored ahead of its turn (undecodable on arrival) is passed as well.
+      await store((s) => s.insertDead([ordered("a4", "A", 4)]))
+      expect(await claimSkipping()).toMatchObject({ keys: ["a5"] })
+      expect((await row("a1")).status).toBe("dead")
     })
 
     test("a newer epoch starts at 1; its later numbers wait for it", async () => {

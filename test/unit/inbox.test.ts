@@ -236,6 +236,7 @@ describe("inbox config", () => {
     ["inbox processorConcurrency", { processorConcurrency: -1 }],
     ["inbox lease", { lease: "soon" as never }],
     ["inbox pollInterval", { pollInterval: "often" as never }],
+    ["inbox onOrderedDead", { onOrderedDead: "drop" as never }],
     ["inbox retry.maxAttempts", { retry: { maxAttempts: 1.5 } }],
     ["inbox retry.initialDelay", { retry: { initialDelay: "soon" as never } }],
   ]
