@@ -3,12 +3,11 @@
  * postgres.js, plus a LISTEN connection, as the `Database` port.
  *
  * Which driver survives what (see README "Drivers under faults"):
- * postgres.js 3.4.9 can throw an uncatchable TypeError from `nextWrite` when a
- * backend dies inside a transaction (upstream #1066, #1154, #1208), which ends
- * a Node process, and can leave a statement hanging on a reconnected
- * connection (on Bun): its pool is replaced after any close, which makes
- * that rarer (`renewingPostgresJs.ts`), and its LISTEN is watched
- * (`listenWatchdog.ts`).
+ * postgres.js 3.4.9 writes to a socket it dropped when a transaction goes on
+ * after its connection closed (upstream #1066, #1154, #1208): an uncatchable
+ * TypeError that ends a Node process or leaves the statement waiting on Bun.
+ * `renewingPostgresJs.ts` keeps every statement off such a connection and
+ * replaces the pool; its LISTEN is watched (`listenWatchdog.ts`).
  * node-postgres reports the same events as ordinary errors.
  */
 import { Effect, Layer, Schedule, type Scope } from "effect"
@@ -80,10 +79,10 @@ const relistenForever = schedule(makeRetryPolicy({ initialDelay: "200 millis", m
 // How often a postgres.js LISTEN is checked, and how long its ping may take to come back.
 const LISTEN_PING_EVERY_MS = 5_000
 const LISTEN_PING_WITHIN_MS = 5_000
-// A restart closes every connection within a moment: one renewal for all of them.
-const RENEW_DEBOUNCE_MS = 1_000
 // Statements of the retired pool get this long to finish; what still hangs then is failed.
 const RENEW_GRACE_SECONDS = 10
+// After a close, how long a statement already sent may still answer before it is failed.
+const SETTLE_AFTER_CLOSE_MS = 3_000
 
 /**
  * Makes COMMIT of an aborted transaction fail instead of rolling back
@@ -111,7 +110,7 @@ const refuseAbortedCommit = (client: pg.PoolClient) => {
 
 const postgresJs = (config: PostgresStoreConfig, v: ReturnType<typeof validate>) =>
   Effect.gen(function* () {
-    // A fresh pool after any connection closes: a reconnected postgres.js connection can hang.
+    // A fresh pool after any connection closes, and no statement on a closed connection (see the module).
     const client = makeRenewingClient(
       (onclose) =>
         postgres(config.url, {
@@ -123,7 +122,7 @@ const postgresJs = (config: PostgresStoreConfig, v: ReturnType<typeof validate>)
           // Names the driver in pg_stat_activity, so an operator can tell which fault behaviour applies.
           connection: { application_name: "txbox/postgres.js" },
         }),
-      { debounceMs: RENEW_DEBOUNCE_MS, graceSeconds: RENEW_GRACE_SECONDS },
+      { graceSeconds: RENEW_GRACE_SECONDS, settleMs: SETTLE_AFTER_CLOSE_MS },
     )
     const db = yield* Effect.acquireRelease(
       Effect.sync(() => new Kysely<unknown>({ dialect: new PostgresJSDialect({ postgres: client.facade }) })),

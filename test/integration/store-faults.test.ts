@@ -9,10 +9,12 @@ import postgres from "postgres"
 import * as v from "valibot"
 import { defineEvent } from "../../src/Contract.ts"
 import * as Outbox from "../../src/Outbox.ts"
+import { Database } from "../../src/ports/Database.ts"
 import * as Relay from "../../src/Relay.ts"
 import { migrate } from "../../src/storage/migrator.ts"
 import * as PostgresStore from "../../src/storage/PostgresStore.ts"
 import * as MemoryTransport from "../../src/transport/memory/MemoryTransport.ts"
+import { createTestDatabase } from "../support/db.ts"
 import { startLocalPostgres } from "../support/postgres.ts"
 import { eventually } from "../support/txbox.ts"
 
@@ -132,5 +134,58 @@ describe("a LISTEN connection cut while its role may not log in", () => {
         await server.stop()
       }
     }, 120_000)
+  }
+})
+
+describe("a backend killed inside an application transaction on the store's Kysely", () => {
+  for (const driver of ["postgres.js", "pg"] as const) {
+    test(`with ${driver}: the transaction fails with a connection error, nothing is thrown outside it, the next one commits`, async () => {
+      const t = await createTestDatabase(`killed_trx_${driver.replace(".", "")}`)
+      const admin = postgres(t.url, { max: 1, onnotice: () => {} })
+      const runtime = ManagedRuntime.make(
+        Layer.orDie(PostgresStore.layer({ url: t.url, driver, poolSize: 2 })),
+      )
+      // postgres.js 3.4.9 alone throws a TypeError from a timer here (a write on the dropped socket):
+      // on Node it ends the process, on Bun it leaves the statement waiting forever.
+      const uncaught: unknown[] = []
+      const onUncaught = (error: unknown) => uncaught.push(error)
+      process.on("uncaughtException", onUncaught)
+      try {
+        const { db } = await runtime.runPromise(
+          Effect.gen(function* () {
+            return yield* Database
+          }),
+        )
+        await sql`CREATE TABLE ledger (n int)`.execute(db)
+        const killedMidway = await db
+          .transaction()
+          .execute(async (trx) => {
+            await sql`INSERT INTO ledger VALUES (1)`.execute(trx)
+            const pid = (await sql<{ pid: number }>`SELECT pg_backend_pid() AS pid`.execute(trx)).rows[0]!.pid
+            await admin`SELECT pg_terminate_backend(${pid})`
+            await Bun.sleep(300)
+            await sql`INSERT INTO ledger VALUES (2)`.execute(trx)
+          })
+          .then(
+            () => "committed",
+            (error: { code?: string; message?: string }) => `failed: ${error.code ?? error.message}`,
+          )
+        expect(killedMidway).toMatch(/^failed: /)
+        // Whatever the error, txbox's classification must call it a connection error (retry, not dead).
+        const next = await db.transaction().execute(async (trx) => {
+          await sql`INSERT INTO ledger VALUES (3)`.execute(trx)
+          return "committed"
+        })
+        expect(next).toBe("committed")
+        await Bun.sleep(200) // a write scheduled on the dead socket fires on the next turns
+        expect(uncaught.map(String)).toEqual([])
+        expect((await admin`SELECT n FROM ledger ORDER BY n`).map((r) => r.n)).toEqual([3])
+      } finally {
+        process.off("uncaughtException", onUncaught)
+        await runtime.dispose()
+        await admin.end()
+        await t.drop()
+      }
+    }, 60_000)
   }
 })

@@ -1,5 +1,6 @@
 // A relay process for the soak, wired as in the README quickstart with the library's defaults.
-// env: DB_URL, AMQP_URL, EXCHANGE, DRIVER (unset = the library's default driver)
+// env: DB_URL, AMQP_URL, EXCHANGE, DRIVER (unset = the library's default driver),
+// RELAY_WORKERS (unset = the library's default)
 // SIGTERM stops it gracefully and exits 0; the orchestrator also SIGKILLs it as a fault.
 import { Effect, Layer } from "effect"
 import { AmqpTransport } from "../../src/amqp.ts"
@@ -14,10 +15,12 @@ const infra = Layer.mergeAll(
 )
 
 // No options at all: lease (30 s), poll interval, batch size, retries and outage backoff are the
-// defaults, because the soak's point is that the default configuration rides out the faults.
+// defaults, because the soak's point is that the default configuration rides out the faults. Only
+// the per-key order run asks for more workers than the default one.
+const workers = process.env.RELAY_WORKERS === undefined ? undefined : Number(process.env.RELAY_WORKERS)
 const program = Effect.scoped(
   Effect.gen(function* () {
-    yield* Relay.make()
+    yield* Relay.make(workers === undefined ? {} : { workers })
     announce("relay started")
     return yield* Effect.never
   }),

@@ -99,6 +99,8 @@ export interface SoakOptions {
   readonly seed?: number
   /** Transactions per second per producer (1–3 orders each). @default 25 */
   readonly rate?: number
+  /** Workers per relay process; undefined: no option, the library's default (1). */
+  readonly relayWorkers?: number | undefined
   /** How long the drain may take after the producers stop. @default 180 s */
   readonly drainTimeoutMs?: number
   /** Share of deliveries after whose commit a consumer SIGKILLs itself, on top of the armed ones. @default 0.0003 */
@@ -317,6 +319,7 @@ interface Resolved {
   readonly mode: Mode
   readonly seed: number
   readonly rate: number
+  readonly relayWorkers: number | undefined
   readonly drainTimeoutMs: number
   readonly lostAckFraction: number
 }
@@ -383,7 +386,15 @@ class Run {
     const env: NodeJS.ProcessEnv = { ...process.env }
     // The children read only what the soak sets: a stray DRIVER or MODE in the caller's environment
     // must not change the configuration under test.
-    for (const name of ["DRIVER", "MODE", "LOST_ACK_FRACTION", "RATE", "ROLLBACK_FRACTION", "PRODUCER"]) {
+    for (const name of [
+      "DRIVER",
+      "MODE",
+      "LOST_ACK_FRACTION",
+      "RATE",
+      "ROLLBACK_FRACTION",
+      "PRODUCER",
+      "RELAY_WORKERS",
+    ]) {
       delete env[name]
     }
     this.env = {
@@ -392,6 +403,7 @@ class Run {
       AMQP_URL: servers.amqpUrl,
       EXCHANGE: exchange,
       ...(cfg.driver === undefined ? {} : { DRIVER: cfg.driver }),
+      ...(cfg.relayWorkers === undefined ? {} : { RELAY_WORKERS: String(cfg.relayWorkers) }),
     }
     for (const role of ["consumer", "relay", "producer"] as const) {
       for (let i = 1; i <= PROCESSES; i++) {
@@ -917,6 +929,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     mode: options.mode ?? "idempotent",
     seed: options.seed ?? randomBytes(4).readUInt32LE(0),
     rate: options.rate ?? 25,
+    relayWorkers: options.relayWorkers,
     drainTimeoutMs: options.drainTimeoutMs ?? 180_000,
     lostAckFraction: options.lostAckFraction ?? 0.0003,
   }
@@ -930,6 +943,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
   const logDir = mkdtempSync(join(tmpdir(), "txbox-soak-logs-"))
   say(
     `[soak] driver ${driverLabel(cfg.driver)}, runtime ${cfg.runtime}, mode ${cfg.mode}, ` +
+      `${cfg.relayWorkers === undefined ? "" : `relay workers ${cfg.relayWorkers}, `}` +
       `load ${loadMs / 1000} s, seed ${cfg.seed}; logs in ${logDir}`,
   )
 
@@ -1266,7 +1280,7 @@ export function resultJson(r: SoakResult): string {
 const USAGE =
   "usage: bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]\n" +
   "         [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout SECONDS]\n" +
-  "         [--lost-ack-fraction F] [--keep-logs]"
+  "         [--lost-ack-fraction F] [--relay-workers N] [--keep-logs]"
 
 export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
   let minutes = 1
@@ -1277,6 +1291,7 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
   let rate: number | undefined
   let drainTimeoutMs: number | undefined
   let lostAckFraction: number | undefined
+  let relayWorkers: number | undefined
   let keepLogs = false
   const number = (flag: string, value: string | undefined): number => {
     const n = Number(value)
@@ -1328,6 +1343,9 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
       case "--lost-ack-fraction":
         lostAckFraction = number(name, value())
         break
+      case "--relay-workers":
+        relayWorkers = number(name, value())
+        break
       case "--keep-logs":
         keepLogs = true
         break
@@ -1346,6 +1364,7 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
     ...(rate === undefined ? {} : { rate }),
     ...(drainTimeoutMs === undefined ? {} : { drainTimeoutMs }),
     ...(lostAckFraction === undefined ? {} : { lostAckFraction }),
+    ...(relayWorkers === undefined ? {} : { relayWorkers }),
   }
 }
 
