@@ -182,18 +182,17 @@ export const make = (
     )
 
     // The processor runs in both modes: in store-then-process it does all the
-    // work; in idempotent mode it only picks up rows an operator redrove
-    // (`txbox dead redrive`), so it polls without LISTEN.
+    // work; in idempotent mode it runs ordered messages (always stored) and
+    // rows an operator redrove. It LISTENs in both: only pending rows notify,
+    // so an idempotent consumer with no ordered traffic is never woken.
     const wake = makeSignal()
-    if (c.mode === "store-then-process") {
-      yield* store
-        .wakeups(wake.notify)
-        .pipe(
-          Effect.catch((e) =>
-            Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),
-          ),
-        )
-    }
+    yield* store
+      .wakeups(wake.notify)
+      .pipe(
+        Effect.catch((e) =>
+          Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),
+        ),
+      )
     const state = makeLoopState()
     yield* Effect.forkScoped(
       runLeaseLoop({

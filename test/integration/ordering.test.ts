@@ -57,6 +57,7 @@ const startInbox = (
     refuse?: (label: string) => boolean
     mode?: Inbox.InboxConfig["mode"]
     onOrderedDead?: Inbox.InboxConfig["onOrderedDead"]
+    pollInterval?: Inbox.InboxConfig["pollInterval"]
   } = {},
 ) =>
   ManagedRuntime.make(
@@ -64,7 +65,7 @@ const startInbox = (
       consumer,
       ...(options.mode ? { mode: options.mode } : {}),
       ...(options.onOrderedDead ? { onOrderedDead: options.onOrderedDead } : {}),
-      pollInterval: "200 millis",
+      pollInterval: options.pollInterval ?? "200 millis",
       retry: { initialDelay: "50 millis", maxDelay: "200 millis", maxAttempts: options.refuse ? 2 : 20 },
       handlers: [
         Inbox.handler(Step, ({ payload, envelope, trx }) =>
@@ -301,6 +302,46 @@ describe("per-key order, end to end", () => {
       await inbox.dispose()
     }
   }, 150_000)
+
+  test("idempotent mode: a stored ordered message is handled on NOTIFY, not at the next poll", async () => {
+    const exchange = uniqueName("ordering-notify")
+    const consumer = uniqueName("ordering-notify")
+    // A poll no test waits for: only the processor's LISTEN can pick the stored row up in time.
+    const inbox = startInbox(exchange, consumer, { pollInterval: "1 hour" })
+    const relay = ManagedRuntime.make(
+      Relay.layer({ pollInterval: "100 millis" }).pipe(
+        Layer.provide(
+          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+        ),
+      ),
+    )
+    try {
+      await inbox.runPromise(Effect.void)
+      await relay.runPromise(Effect.void)
+      // The processor's first look happens at start; give it time to go idle before the message.
+      await new Promise((resolve) => setTimeout(resolve, 1_000))
+      await t.db
+        .transaction()
+        .execute((trx) =>
+          relay.runPromise(
+            Outbox.enqueue(
+              trx,
+              Step,
+              { key: `${consumer}-K`, label: "K#1" },
+              { partitionKey: `${consumer}-K` },
+            ),
+          ),
+        )
+      await eventually(
+        "handled without a poll",
+        async () => ((await seenByKey(consumer)).get(`${consumer}-K`)?.seqs ?? []).length === 1,
+        10_000,
+      )
+    } finally {
+      await relay.dispose()
+      await inbox.dispose()
+    }
+  }, 60_000)
 
   test('onOrderedDead "skip": the poison message goes dead and its key goes on in order without it', async () => {
     const exchange = uniqueName("ordering-skip")
