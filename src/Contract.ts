@@ -2,16 +2,39 @@
  * Event contracts: the shared, versioned description of one kind of message.
  * A contract is a plain value that producer and consumer import from the same
  * module; validation runs on both sides with any Standard Schema validator
- * (valibot first of all).
+ * (valibot first of all). A new version can say how the previous one becomes
+ * it (`upcast`), so a consumer's one handler for the newest version also takes
+ * every older version still in flight.
  */
 import { Effect } from "effect"
 import type { StandardSchemaV1 } from "effect/StandardSchema"
+import { buildRoutes, type Route, routeFor } from "./contracts/upcast.ts"
 import { ConfigError, UnknownEventError, ValidationError } from "./Errors.ts"
+
+/**
+ * A JSON Schema document (any draft) as plain JSON. Typed as any object so that
+ * converters' own types (valibot's `JSONSchema7` interface) fit as they are.
+ */
+export type JsonSchema = object
+
+/** How the previous version's validated payload becomes this version's input (synchronously; a throw is a dead row). */
+export interface Upcast {
+  readonly from: AnyContract
+  readonly to: (previous: unknown) => unknown
+}
 
 export interface EventContract<Type extends string = string, A = unknown, I = unknown> {
   readonly type: Type
   readonly version: number
   readonly schema: StandardSchemaV1<I, A>
+  /** How version − 1 becomes this version; absent on a first version or a version that upcasts nothing. */
+  readonly upcast?: Upcast
+  /**
+   * The payload's JSON Schema, for `txbox contracts check` and `txbox asyncapi`.
+   * Absent: taken from the schema itself when it implements Standard JSON Schema
+   * (`~standard.jsonSchema`), else from a converter the caller gives.
+   */
+  readonly jsonSchema?: JsonSchema
   /** The validated payload type; use as `typeof OrderPlaced.Type`. */
   readonly Type: A
   /** The accepted input type (before the schema's transformations). */
@@ -30,11 +53,26 @@ const TYPE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$/
 /**
  * Declares a contract. The type is a routing key too, so it is restricted to
  * letters, digits and `. _ : -` (no `*`/`#`, which are AMQP wildcards).
+ *
+ * `upcast: { from: OrderPlacedV1, to: (v1) => v2Input }` says how the previous
+ * version (same type, version − 1) becomes this one; `from`'s own upcast
+ * continues the chain. A consumer registering this contract then receives
+ * every older version of the chain upcast and validated against this schema.
  */
-export const defineEvent = <const Type extends string, S extends StandardSchemaV1>(definition: {
+export const defineEvent = <
+  const Type extends string,
+  S extends StandardSchemaV1,
+  // biome-ignore lint/suspicious/noExplicitAny: the previous version, whatever its payload type
+  From extends EventContract<Type, any, any> = never,
+>(definition: {
   readonly type: Type
   readonly version: number
   readonly schema: S
+  readonly upcast?: {
+    readonly from: From
+    readonly to: (previous: PayloadOf<From>) => StandardSchemaV1.InferInput<S>
+  }
+  readonly jsonSchema?: JsonSchema
 }): EventContract<Type, StandardSchemaV1.InferOutput<S>, StandardSchemaV1.InferInput<S>> => {
   if (!TYPE_PATTERN.test(definition.type)) {
     throw new ConfigError({
@@ -44,6 +82,15 @@ export const defineEvent = <const Type extends string, S extends StandardSchemaV
   if (!Number.isInteger(definition.version) || definition.version < 1) {
     throw new ConfigError({ reason: `event version must be a positive integer, got ${definition.version}` })
   }
+  const upcast = definition.upcast
+  if (upcast !== undefined) {
+    const from: AnyContract = upcast.from
+    if (from.type !== definition.type || from.version !== definition.version - 1) {
+      throw new ConfigError({
+        reason: `${definition.type}@${definition.version} upcasts from ${from.type}@${from.version}: an upcast must come from the same type's previous version (@${definition.version - 1})`,
+      })
+    }
+  }
   return {
     type: definition.type,
     version: definition.version,
@@ -51,6 +98,8 @@ export const defineEvent = <const Type extends string, S extends StandardSchemaV
       StandardSchemaV1.InferInput<S>,
       StandardSchemaV1.InferOutput<S>
     >,
+    ...(upcast === undefined ? {} : { upcast: { from: upcast.from, to: upcast.to as Upcast["to"] } }),
+    ...(definition.jsonSchema === undefined ? {} : { jsonSchema: definition.jsonSchema }),
     Type: undefined as never,
     Encoded: undefined as never,
   }
@@ -146,14 +195,77 @@ export const decode = <C extends AnyContract>(
     return validate(contract, parsed)
   })
 
-/** Resolves `(type, version)` to a contract; built once, read on every delivery. */
+/** A received payload decoded for the contract that handles it. */
+export interface Decoded {
+  /** The registered contract the payload now conforms to (its handler's). */
+  readonly contract: AnyContract
+  readonly payload: unknown
+  /** The version the message was sent as, when it was upcast to `contract.version`. */
+  readonly upcastFrom: number | undefined
+}
+
+/**
+ * Resolves `(type, version)` to a contract; built once, read on every delivery.
+ * An older version reaches the registered contract whose upcast chain covers
+ * it; a version newer than every registered one is refused (`newer-version`).
+ * A message without a version is read as version 1.
+ */
 export interface Registry {
   readonly contracts: ReadonlyArray<AnyContract>
+  /** The registered contract that handles a sent `(type, version)`, directly or through upcasts. */
   readonly resolve: (
     type: string,
     version: number | undefined,
   ) => Effect.Effect<AnyContract, UnknownEventError>
+  /** Parses and validates a received body as sent, upcasting it (validated at every step) to the contract that handles it. */
+  readonly decode: (
+    type: string,
+    version: number | undefined,
+    body: string | unknown,
+  ) => Effect.Effect<Decoded, UnknownEventError | ValidationError>
   readonly types: ReadonlyArray<string>
+}
+
+/** Runs one upcast step; a throwing `to` is a validation failure of the message, not a crash. */
+const upcastStep = (
+  next: AnyContract,
+  payload: unknown,
+  sent: number,
+): Effect.Effect<unknown, ValidationError> =>
+  Effect.suspend(() => {
+    const upcast = next.upcast!
+    let input: unknown
+    try {
+      input = upcast.to(payload)
+    } catch (cause) {
+      const message = `upcast from @v${upcast.from.version} threw: ${cause instanceof Error ? cause.message : String(cause)}`
+      return Effect.fail(
+        new ValidationError({
+          type: next.type,
+          version: next.version,
+          issues: [{ message }],
+          upcastFrom: sent,
+        }),
+      )
+    }
+    return validate(next, input).pipe(
+      Effect.mapError(
+        (e) => new ValidationError({ type: e.type, version: e.version, issues: e.issues, upcastFrom: sent }),
+      ),
+    )
+  })
+
+const decodeRoute = (route: Route, body: string | unknown): Effect.Effect<Decoded, ValidationError> => {
+  const [sent, ...rest] = route.steps
+  const first = decode(sent!, body)
+  if (rest.length === 0) {
+    return Effect.map(first, (payload) => ({ contract: route.target, payload, upcastFrom: undefined }))
+  }
+  return Effect.gen(function* () {
+    let payload: unknown = yield* first
+    for (const next of rest) payload = yield* upcastStep(next, payload, sent!.version)
+    return { contract: route.target, payload, upcastFrom: sent!.version }
+  })
 }
 
 /**
@@ -163,26 +275,21 @@ export interface Registry {
  */
 export const makeRegistry = (contracts: Iterable<AnyContract>): Effect.Effect<Registry, ConfigError> =>
   Effect.suspend(() => {
-    const byType = new Map<string, Map<number, AnyContract>>()
-    const all: AnyContract[] = []
-    for (const contract of contracts) {
-      const versions = byType.get(contract.type) ?? new Map<number, AnyContract>()
-      if (versions.has(contract.version)) {
-        return Effect.fail(
-          new ConfigError({ reason: `contract ${contract.type}@v${contract.version} is registered twice` }),
-        )
-      }
-      versions.set(contract.version, contract)
-      byType.set(contract.type, versions)
-      all.push(contract)
+    const all = [...contracts]
+    let table: ReturnType<typeof buildRoutes>
+    try {
+      table = buildRoutes(all)
+    } catch (error) {
+      if (error instanceof ConfigError) return Effect.fail(error)
+      throw error
     }
     const resolve = (type: string, version: number | undefined) => {
-      const versions = byType.get(type)
-      if (!versions) return Effect.fail(new UnknownEventError({ type, version, reason: "unknown-type" }))
-      const found = version === undefined ? undefined : versions.get(version)
-      return found
-        ? Effect.succeed(found)
-        : Effect.fail(new UnknownEventError({ type, version, reason: "unknown-version" }))
+      const route = routeFor(table, type, version)
+      return route instanceof UnknownEventError ? Effect.fail(route) : Effect.succeed(route.target)
     }
-    return Effect.succeed({ contracts: all, resolve, types: [...byType.keys()] })
+    const decodeBody = (type: string, version: number | undefined, body: string | unknown) => {
+      const route = routeFor(table, type, version)
+      return route instanceof UnknownEventError ? Effect.fail(route) : decodeRoute(route, body)
+    }
+    return Effect.succeed({ contracts: all, resolve, decode: decodeBody, types: [...table.keys()] })
   })

@@ -14,6 +14,8 @@ export class ValidationError extends ValidationErrorBase<{
   readonly type: string
   readonly version: number
   readonly issues: ReadonlyArray<{ readonly message: string; readonly path?: string }>
+  /** Set when the payload was sent as this older version and upcast to `version` on the way in. */
+  readonly upcastFrom?: number
 }> {
   readonly retryable = false
   override get message(): string {
@@ -21,22 +23,42 @@ export class ValidationError extends ValidationErrorBase<{
       .slice(0, 3)
       .map((i) => (i.path ? `${i.path}: ${i.message}` : i.message))
       .join("; ")
-    return `invalid payload for ${this.type}@v${this.version}: ${first}`
+    const upcast = this.upcastFrom === undefined ? "" : ` (upcast from @v${this.upcastFrom})`
+    return `invalid payload for ${this.type}@v${this.version}${upcast}: ${first}`
   }
 }
 
-/** A message arrived whose (type, version) no contract in the registry handles. */
+/**
+ * A message arrived whose (type, version) no contract in the registry handles:
+ * an unknown type, a version newer than any this consumer knows (upgrade the
+ * consumer first), or an older or skipped one that no upcast chain reaches.
+ * `version` is undefined when the message carried none (it is read as 1).
+ */
 const UnknownEventErrorBase: TaggedErrorClass<"UnknownEventError"> = Data.TaggedError("UnknownEventError")
 export class UnknownEventError extends UnknownEventErrorBase<{
   readonly type: string
   readonly version: number | undefined
-  readonly reason: "unknown-type" | "unknown-version"
+  readonly reason: "unknown-type" | "unknown-version" | "newer-version"
+  /** The versions this registry handles directly, oldest first (when the type is known). */
+  readonly handled?: ReadonlyArray<number>
 }> {
   readonly retryable = false
   override get message(): string {
-    return this.reason === "unknown-type"
-      ? `unknown event type ${JSON.stringify(this.type)}`
-      : `event type ${JSON.stringify(this.type)} has no contract for version ${String(this.version)}`
+    if (this.reason === "unknown-type") return `unknown event type ${JSON.stringify(this.type)}`
+    const handled = this.handled ?? []
+    const newest = handled[handled.length - 1]
+    if (this.reason === "newer-version") {
+      return `${this.type}@${String(this.version)} is newer than this consumer handles (@${String(newest)}): upgrade the consumer first`
+    }
+    const sent =
+      this.version === undefined
+        ? `event type ${JSON.stringify(this.type)} came without a version (read as 1) and has no contract for version 1`
+        : `event type ${JSON.stringify(this.type)} has no contract for version ${this.version}`
+    if (handled.length === 0) return sent
+    const list = handled.map((v) => `@${v}`).join(", ")
+    const hint =
+      newest !== undefined ? `; declare an upcast chain from @${this.version ?? 1} to @${newest}` : ""
+    return `${sent} (this consumer handles ${list}${hint})`
   }
 }
 

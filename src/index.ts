@@ -5,16 +5,29 @@
  */
 export {
   type AnyContract,
+  type Decoded,
   decode,
   defineEvent,
   type EventContract,
   encode,
   type InputOf,
+  type JsonSchema,
   makeRegistry,
   type PayloadOf,
   type Registry,
+  type Upcast,
   validate,
 } from "./Contract.ts"
+export { type AsyncApiOptions, asyncApiDocument } from "./contracts/asyncapi.ts"
+export {
+  type CheckOptions,
+  type CheckResult,
+  type CompatibilityReport,
+  checkCompatibility,
+  checkContracts,
+  type Finding,
+} from "./contracts/compatibility.ts"
+export { type JsonSchemaConverter, type JsonSchemaObject, jsonSchemaOf } from "./contracts/jsonSchema.ts"
 export {
   ConfigError,
   StoreError,

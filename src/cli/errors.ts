@@ -21,6 +21,13 @@ export class NotReadyError extends Data.TaggedError("NotReadyError")<{ readonly 
   }
 }
 
+/** A check ran and found a problem (`txbox contracts check`: incompatible). Exit code 1. */
+export class CheckFailedError extends Data.TaggedError("CheckFailedError")<{ readonly reason: string }> {
+  override get message(): string {
+    return this.reason
+  }
+}
+
 export const EXIT_RUNTIME = 1
 export const EXIT_USAGE = 2
 
@@ -49,7 +56,9 @@ export const describeFailure = (error: unknown): { readonly line: string; readon
   if (error instanceof UsageError || error instanceof ConfigError) {
     return { line: line(error.message), exitCode: EXIT_USAGE }
   }
-  if (error instanceof NotReadyError) return { line: line(error.message), exitCode: EXIT_RUNTIME }
+  if (error instanceof NotReadyError || error instanceof CheckFailedError) {
+    return { line: line(error.message), exitCode: EXIT_RUNTIME }
+  }
   if (error instanceof StoreError) {
     const text = cannotConnect(error)
       ? `cannot connect to the database: ${causeText(error.cause)}`

@@ -1,15 +1,19 @@
 #!/usr/bin/env node
 /**
- * The `txbox` command: migrate, status, dead list|redrive|skip, purge.
+ * The `txbox` command: migrate, status, dead list|redrive|skip, purge; and,
+ * with no database, contracts check and asyncapi.
  *
- * Exit codes: 0 done; 1 the database failed or is not migrated; 2 the command
- * line or configuration is wrong. A failure is one line on stderr, with any
- * URL's credentials redacted, never a stack trace.
+ * Exit codes: 0 done; 1 the database failed or is not migrated, or a contract
+ * check found an incompatible change; 2 the command line or configuration is
+ * wrong. A failure is one line on stderr, with any URL's credentials redacted,
+ * never a stack trace.
  */
 import { readFileSync } from "node:fs"
 import { Cause, Effect, Exit, Layer } from "effect"
 import { CliConfig, CliError, CliOutput, Command, GlobalFlag } from "effect/cli"
 import { redactUrls } from "../Errors.ts"
+import * as asyncapi from "./asyncapi.ts"
+import * as contracts from "./contracts.ts"
 import * as dead from "./dead.ts"
 import { describeFailure, EXIT_USAGE } from "./errors.ts"
 import * as migrate from "./migrate.ts"
@@ -29,7 +33,9 @@ const version = (): string => {
 }
 
 const txbox = Command.make("txbox").pipe(
-  Command.withDescription("Operate txbox's outbox and inbox tables on PostgreSQL"),
+  Command.withDescription(
+    "Operate txbox's outbox and inbox tables on PostgreSQL; check and describe event contracts",
+  ),
   Command.withExamples([
     { command: "txbox migrate --url postgres://app@db/app", description: "create or upgrade the tables" },
     { command: "txbox status --json", description: "backlog and lag for a monitor (URL from $DATABASE_URL)" },
@@ -39,8 +45,23 @@ const txbox = Command.make("txbox").pipe(
       description: "how many would go again",
     },
     { command: "txbox purge --older-than 14d", description: "retention for sent and processed rows" },
+    {
+      command: "txbox contracts check --old ./released/contracts.ts --new ./src/contracts.ts",
+      description: "does the new contract module break old producers or consumers?",
+    },
+    {
+      command: "txbox asyncapi --module ./src/contracts.ts --consumer billing --out asyncapi.json",
+      description: "an AsyncAPI 3.0 document of the contracts",
+    },
   ]),
-  Command.withSubcommands([migrate.command, status.command, dead.command, purge.command]),
+  Command.withSubcommands([
+    migrate.command,
+    status.command,
+    dead.command,
+    purge.command,
+    contracts.command,
+    asyncapi.command,
+  ]),
 )
 
 // Parse errors become one line on stderr (printed below) instead of the whole

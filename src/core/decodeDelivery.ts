@@ -4,7 +4,7 @@
  * payload, a dedupe key function that threw). Pure but for hashing.
  */
 import { Effect } from "effect"
-import { decode, type Registry } from "../Contract.ts"
+import type { Registry } from "../Contract.ts"
 import type { InboxRow } from "../ports/InboxStore.ts"
 import type { Delivery, PartitionPosition } from "../ports/Transport.ts"
 import { describe, type Envelope, type Handler } from "./handler.ts"
@@ -68,15 +68,15 @@ export const decodeDelivery = (
       delivery.messageId ?? `missing-id:${yield* sha256Hex(`${delivery.type}\n${delivery.body}`)}`
     if (delivery.messageId === undefined) return bad(messageId, "message has no message id")
     if (delivery.type === undefined) return bad(messageId, "message has no type")
-    const contract = yield* Effect.result(registry.resolve(delivery.type, delivery.version))
-    if (contract._tag === "Failure") return bad(messageId, contract.failure.message)
-    const payload = yield* Effect.result(decode(contract.success, delivery.body))
-    if (payload._tag === "Failure") return bad(messageId, payload.failure.message)
-    const handler = handlers.get(`${contract.success.type}@${contract.success.version}`)!
+    // The registry resolves the version (upcasting an older one to the handled contract) and validates.
+    const decoded = yield* Effect.result(registry.decode(delivery.type, delivery.version, delivery.body))
+    if (decoded._tag === "Failure") return bad(messageId, decoded.failure.message)
+    const { contract, payload } = decoded.success
+    const handler = handlers.get(`${contract.type}@${contract.version}`)!
     const envelopeBase = {
       id: messageId,
-      type: contract.success.type,
-      version: contract.success.version,
+      type: contract.type,
+      version: contract.version,
       headers: delivery.headers,
       partitionKey: delivery.partitionKey,
       position: positionOfDelivery(delivery),
@@ -88,7 +88,7 @@ export const decodeDelivery = (
       try {
         // Scoped by type: two handlers of one consumer keyed by the same business id (an order's
         // OrderPlaced and OrderPaid) must not collide in the inbox.
-        dedupeKey = `${contract.success.type}:${String(handler.dedupeKey(payload.success, envelopeBase))}`
+        dedupeKey = `${contract.type}:${String(handler.dedupeKey(payload, envelopeBase))}`
       } catch (error) {
         return bad(messageId, `dedupeKey threw: ${describe(error)}`)
       }
@@ -96,7 +96,7 @@ export const decodeDelivery = (
     return {
       _tag: "Ok",
       handler,
-      payload: payload.success,
+      payload,
       envelope: { ...envelopeBase, dedupeKey },
       row: storableRow({ ...base, key: dedupeKey, payload: delivery.body, raw: null, lastError: null }),
     }

@@ -218,7 +218,9 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
         expect(dead.get(ids.malformed)?.last_error).toContain("malformed JSON")
         expect(dead.get(ids.malformed)?.raw).toBe("{not json")
         expect(dead.get(ids.invalid)?.last_error).toContain("invalid payload")
-        expect(dead.get(ids.version)?.last_error).toContain("version 9")
+        expect(dead.get(ids.version)?.last_error).toContain(
+          "test.note@9 is newer than this consumer handles (@1)",
+        )
         const anonymous = [...dead.values()].find((r) => r.message_id.startsWith("missing-id:"))
         expect(anonymous?.last_error).toContain("no message id")
         expect(anonymous?.raw).toBe('{"note":"anonymous"}')

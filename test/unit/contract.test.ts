@@ -83,11 +83,21 @@ describe("registry", () => {
     expect(error.reason).toBe("unknown-type")
   })
 
-  test("a known type with an unregistered version is a version mismatch", () => {
+  test("a known type with an unregistered version below the newest is a version mismatch", () => {
+    const V3 = defineEvent({ type: "orders.order-placed", version: 3, schema: v.any() })
+    const registry = Effect.runSync(makeRegistry([OrderPlaced, V3]))
+    const error = failureOf(registry.resolve("orders.order-placed", 2))
+    expect(error.reason).toBe("unknown-version")
+    expect(error.message).toContain("version 2")
+  })
+
+  test("a version newer than every registered one is refused as newer-version", () => {
     const registry = Effect.runSync(makeRegistry([OrderPlaced]))
     const error = failureOf(registry.resolve("orders.order-placed", 3))
-    expect(error.reason).toBe("unknown-version")
-    expect(error.message).toContain("version 3")
+    expect(error.reason).toBe("newer-version")
+    expect(error.message).toBe(
+      "orders.order-placed@3 is newer than this consumer handles (@1): upgrade the consumer first",
+    )
   })
 
   test("registering the same (type, version) twice is a ConfigError", () => {

@@ -9,6 +9,7 @@ import { Buffer } from "node:buffer"
 import type { Message, MessagePropertyHeaders, Options } from "amqplib"
 import { PARTITION_EPOCH_HEADER, PARTITION_SEQ_HEADER, positionOf } from "../../core/position.ts"
 import type { Delivery, OutgoingMessage } from "../../ports/Transport.ts"
+import { isStructured, parseStructured } from "./structured.ts"
 
 /** Application property names (AMQP headers) this library writes and reads. */
 export const Headers = {
@@ -19,6 +20,11 @@ export const Headers = {
   time: "cloudEvents:time",
   /** The event contract version, a number. */
   version: "txbox-version",
+  /**
+   * The same version as a CloudEvents extension attribute (`txboxversion`), for
+   * producers that write CloudEvents: read when `txbox-version` is absent.
+   */
+  versionAttribute: "cloudEvents:txboxversion",
   partitionKey: "partition-key",
   /** The partition key's counter epoch and the message's number in it: numbers, set together. */
   partitionEpoch: PARTITION_EPOCH_HEADER,
@@ -123,26 +129,45 @@ const finiteNumber = (value: unknown): number | undefined => {
 }
 
 /**
+ * A CloudEvents attribute from the application properties: `cloudEvents:` is
+ * the AMQP binding's prefix, `cloudEvents_` the one it allows for JMS clients.
+ */
+const attribute = (raw: MessagePropertyHeaders, name: string): unknown =>
+  raw[`cloudEvents:${name}`] ?? raw[`cloudEvents_${name}`]
+
+/**
  * Maps any delivery to what the inbox sees. Missing properties, missing or
  * odd headers and non-string values are tolerated: a foreign message must
  * reach the inbox (which dead-letters what it cannot handle), never crash the
- * consumer.
+ * consumer. A CloudEvents structured-mode message (`application/cloudevents+json`)
+ * is read as its binary-mode twin: data as the body, attributes as headers.
  */
 export const decodeDelivery = (message: Message): Delivery => {
   const properties = message.properties ?? {}
-  const raw: MessagePropertyHeaders =
+  let raw: MessagePropertyHeaders =
     properties.headers !== null && typeof properties.headers === "object" ? properties.headers : {}
+  const content = Buffer.isBuffer(message.content) ? message.content : undefined
+  const structured =
+    content !== undefined && isStructured(properties.contentType) ? parseStructured(content) : undefined
+  let body = content === undefined ? "" : content.toString("utf8")
+  let bodyBytes: Uint8Array | undefined = content
+  if (structured !== undefined) {
+    raw = { ...raw }
+    for (const [name, value] of Object.entries(structured.attributes)) raw[`cloudEvents:${name}`] = value
+    body = structured.body
+    bodyBytes = structured.bodyBytes
+  }
   const headers: Record<string, string> = {}
   for (const key of Object.keys(raw)) headers[key] = headerString(raw[key])
-  const version = finiteNumber(raw[Headers.version])
+  const version = finiteNumber(raw[Headers.version]) ?? finiteNumber(attribute(raw, "txboxversion"))
   const attempt = finiteNumber(raw[Headers.attempt])
   const position = positionOf(raw[Headers.partitionEpoch], raw[Headers.partitionSeq])
   return {
-    messageId: optionalString(properties.messageId) ?? optionalString(raw[Headers.id]),
-    type: optionalString(properties.type) ?? optionalString(raw[Headers.type]),
+    messageId: optionalString(properties.messageId) ?? optionalString(attribute(raw, "id")),
+    type: optionalString(properties.type) ?? optionalString(attribute(raw, "type")),
     version,
-    body: Buffer.isBuffer(message.content) ? message.content.toString("utf8") : "",
-    ...(Buffer.isBuffer(message.content) ? { bodyBytes: message.content } : {}),
+    body,
+    ...(bodyBytes === undefined ? {} : { bodyBytes }),
     headers,
     partitionKey: optionalString(raw[Headers.partitionKey]),
     ...(position === undefined ? {} : { position }),
