@@ -18,7 +18,17 @@ import {
   writeResult,
 } from "./support/harness.ts"
 
-const SCRIPTS = ["relay", "latency", "inbox", "enqueue", "memory", "scaleout", "ordered", "builder"] as const
+const SCRIPTS = [
+  "relay",
+  "latency",
+  "inbox",
+  "enqueue",
+  "memory",
+  "scaleout",
+  "ordered",
+  "e2e",
+  "builder",
+] as const
 
 const args = parseArgs()
 const only = args.string("only", SCRIPTS.join(",")).split(",")

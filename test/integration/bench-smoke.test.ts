@@ -58,6 +58,7 @@ describe("bench scripts --quick", () => {
     "memory",
     "scaleout",
     "ordered",
+    "e2e",
     "profile",
     "builder",
   ]) {

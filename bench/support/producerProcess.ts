@@ -1,0 +1,164 @@
+// A producing service in a process of its own (for bench/e2e.ts): business transactions on a
+// Kysely over node-postgres (`pg`, txbox's default driver), each `BEGIN; INSERT INTO orders …;
+// [Outbox.enqueue …;] COMMIT`, at an offered rate or flat out. Driven over stdio: prints
+// {"event":"ready"} once connected; a JSON command line
+//   {"cmd":"run","run":1,"mode":"enqueue"|"order-only","rate":250,"seconds":12.5}
+// runs for `seconds` (rate 0 = flat out: CONNECTIONS loops back to back; else transactions started
+// on a steady schedule, at most CONNECTIONS in flight, a producer that falls behind catching up as
+// fast as it can) and then prints {"event":"done","run":1,"transactions":n,"errors":n,"p50":ms,"p99":ms}
+// (transaction times, BEGIN to COMMIT acknowledged). The order row carries the run and the message's
+// serial (INDEX + PROCESSES × k, unique across processes and runs): the bench joins it to the
+// handler's row and reads both commit times from the database.
+//
+// env: DB_URL, CONNECTIONS (default 8), INDEX (default 0), PROCESSES (default 1),
+//      KEYED ("1": partitionKey = the order id, as the README's quickstart enqueues)
+import { Effect } from "effect"
+import { Kysely, PostgresDialect } from "kysely"
+import pg from "pg"
+import * as Outbox from "../../src/Outbox.ts"
+import { makePayload, OrderPlaced } from "./payload.ts"
+
+const env = (name: string, fallback?: string): string => {
+  const value = process.env[name] ?? fallback
+  if (value === undefined) throw new Error(`${name} is required`)
+  return value
+}
+const emit = (event: Record<string, unknown>) => {
+  process.stdout.write(`${JSON.stringify(event)}\n`)
+}
+
+const connections = Number(env("CONNECTIONS", "8"))
+const index = Number(env("INDEX", "0"))
+const processes = Number(env("PROCESSES", "1"))
+const keyed = env("KEYED", "0") === "1"
+const pool = new pg.Pool({ connectionString: env("DB_URL"), max: connections })
+// biome-ignore lint/suspicious/noExplicitAny: the bench's own table
+const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) })
+
+interface RunCommand {
+  readonly cmd: "run"
+  readonly run: number
+  readonly mode: "enqueue" | "order-only"
+  /** Transactions per second of this process; 0 = flat out. */
+  readonly rate: number
+  readonly seconds: number
+}
+
+let k = 0
+const nextSerial = () => index + processes * k++
+
+const transaction = async (command: RunCommand): Promise<void> => {
+  const payload = makePayload(nextSerial())
+  await db.transaction().execute(async (trx) => {
+    await trx
+      .insertInto("orders")
+      .values({
+        id: payload.orderId,
+        customer_id: payload.customerId,
+        total: payload.total,
+        serial: payload.serial,
+        run: command.run,
+      })
+      .execute()
+    if (command.mode === "enqueue") {
+      await Effect.runPromise(
+        Outbox.enqueue(trx, OrderPlaced, payload, keyed ? { partitionKey: payload.orderId } : undefined),
+      )
+    }
+  })
+}
+
+const percentile = (sorted: ReadonlyArray<number>, q: number) =>
+  sorted.length === 0
+    ? 0
+    : sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((q / 100) * sorted.length) - 1))]!
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+const execute = async (command: RunCommand) => {
+  const times: number[] = []
+  let errors = 0
+  let firstError: string | undefined
+  const one = async () => {
+    const started = performance.now()
+    try {
+      await transaction(command)
+      times.push(performance.now() - started)
+    } catch (error) {
+      errors++
+      firstError ??= error instanceof Error ? error.message : String(error)
+    }
+  }
+  const started = performance.now()
+  const end = started + command.seconds * 1000
+  if (command.rate <= 0) {
+    await Promise.all(
+      Array.from({ length: connections }, async () => {
+        while (performance.now() < end) await one()
+      }),
+    )
+  } else {
+    const inFlight = new Set<Promise<void>>()
+    let issued = 0
+    for (let now = performance.now(); now < end; now = performance.now()) {
+      const due = Math.floor(((now - started) / 1000) * command.rate)
+      while (issued < due && inFlight.size < connections) {
+        issued++
+        const p: Promise<void> = one().finally(() => inFlight.delete(p))
+        inFlight.add(p)
+      }
+      // Behind and every connection busy: go on when one is free. Else sleep until the next one is
+      // due (a 1 ms tick would cost this process a few % of a core at any rate).
+      if (issued < due) await Promise.race(inFlight)
+      else await sleep(Math.max(1, started + ((issued + 1) / command.rate) * 1000 - performance.now()))
+    }
+    await Promise.all(inFlight)
+  }
+  times.sort((a, b) => a - b)
+  emit({
+    event: "done",
+    run: command.run,
+    transactions: times.length,
+    errors,
+    ...(firstError === undefined ? {} : { firstError }),
+    p50: percentile(times, 50),
+    p99: percentile(times, 99),
+    seconds: (performance.now() - started) / 1000,
+  })
+}
+
+let stopping = false
+const stop = async () => {
+  if (stopping) return
+  stopping = true
+  await db.destroy().catch(() => {})
+  process.exit(0)
+}
+process.on("SIGTERM", () => void stop())
+let queue = Promise.resolve()
+let buffered = ""
+process.stdin.setEncoding("utf8")
+process.stdin.on("data", (chunk: string) => {
+  buffered += chunk
+  let nl = buffered.indexOf("\n")
+  while (nl >= 0) {
+    const line = buffered.slice(0, nl).trim()
+    buffered = buffered.slice(nl + 1)
+    if (line === "stop") void stop()
+    else if (line.startsWith("{")) {
+      const command = JSON.parse(line) as RunCommand
+      queue = queue.then(() => execute(command))
+    }
+    nl = buffered.indexOf("\n")
+  }
+})
+process.stdin.on("end", () => void stop())
+// Connect every pooled connection before saying ready, so the first run does not pay for it.
+await Promise.all(
+  Array.from({ length: connections }, async () => {
+    const client = await pool.connect()
+    await sleep(50)
+    client.release()
+  }),
+)
+emit({ event: "ready" })
