@@ -3,10 +3,11 @@
  * transaction, so they commit or roll back with the business data.
  */
 import { Duration, Effect } from "effect"
-import { type Kysely, type RawBuilder, sql, type Transaction } from "kysely"
+import { type Kysely, sql, type Transaction } from "kysely"
 import { type AnyContract, encode, type InputOf } from "./Contract.ts"
 import { validateConfig } from "./core/config.ts"
 import { classifyDbError } from "./core/dbErrors.ts"
+import { insertOutbox } from "./core/enqueueStatement.ts"
 import { validateSchemaName } from "./core/identifier.ts"
 import * as trace from "./core/trace.ts"
 import { isUuid, uuidv7 } from "./core/uuid.ts"
@@ -75,7 +76,8 @@ const prepare = (event: EventInput, traceparent: string | undefined) =>
     }
     if (traceparent && headers.traceparent === undefined) headers.traceparent = traceparent
     // Database time, not this process's clock: due times compare against now() in the claim.
-    let visibleAt: RawBuilder<Date> | Date = sql<Date>`now()`
+    let visibleAt: Date | null = null
+    let delayMs = 0
     if (options.visibleAt !== undefined) {
       if (!(options.visibleAt instanceof Date) || Number.isNaN(options.visibleAt.getTime())) {
         return yield* invalid(contract, "visibleAt", "visibleAt must be a valid Date")
@@ -86,7 +88,7 @@ const prepare = (event: EventInput, traceparent: string | undefined) =>
       if (ms._tag === "None" || !Duration.isFinite(ms.value)) {
         return yield* invalid(contract, "delay", "delay must be a finite duration")
       }
-      visibleAt = sql<Date>`now() + ${Duration.toMillis(ms.value)} * interval '1 millisecond'`
+      delayMs = Math.max(0, Math.round(Duration.toMillis(ms.value)))
     }
     return {
       id,
@@ -98,6 +100,7 @@ const prepare = (event: EventInput, traceparent: string | undefined) =>
       partition_key: options.partitionKey ?? null,
       tenant_id: options.tenantId ?? null,
       visible_at: visibleAt,
+      delay_ms: delayMs,
     }
   })
 
@@ -162,24 +165,23 @@ export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
   const traceparent = yield* trace.currentTraceparent
   const rows = yield* Effect.forEach(events, (event) => prepare(event, traceparent))
   yield* Effect.annotateCurrentSpan({ "txbox.count": rows.length, "txbox.type": rows[0]!.type })
+  const keyed = rows.some((r) => r.partition_key !== null)
   const write = async (db: Kysely<TxboxDatabase>) => {
-    const positions = await numberByKey(db, rows)
-    await db
-      .insertInto("outbox")
-      .values(
+    const positions = keyed ? await numberByKey(db, rows) : []
+    // Payload and headers are bound as text and cast: postgres.js would otherwise encode the JSON
+    // string a second time.
+    await db.executeQuery(
+      insertOutbox(
+        schema,
         rows.map((r, i) => ({
           ...r,
-          // Bound as text and cast: postgres.js would otherwise encode the JSON string a second time.
-          payload: sql<unknown>`${r.payload}::text::jsonb`,
-          headers: sql<Record<string, string>>`${r.headers}::text::jsonb`,
           partition_epoch: positions[i]?.epoch ?? null,
           partition_seq: positions[i]?.seq ?? null,
         })),
-      )
-      .execute()
+      ),
+    )
   }
   const db = (executor as Kysely<TxboxDatabase>).withSchema(schema)
-  const keyed = rows.some((r) => r.partition_key !== null)
   yield* Effect.tryPromise({
     // Numbers and rows must commit together, or a key would have a gap its consumers wait on
     // forever: outside a transaction, enqueue opens one of its own.

@@ -114,6 +114,8 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
     }
   })
 
+const RELOOK_MS = 25
+
 /** Starts the relay's workers in the current scope; closing the scope stops them gracefully. */
 export const make = (
   relayConfig: RelayConfig = {},
@@ -136,6 +138,9 @@ export const make = (
       cycle,
       batchSize: c.batchSize,
       pollMs: c.pollMs,
+      // Producers skip the NOTIFY while a committed row is due and unclaimed (migration 0005):
+      // after a partial batch, one more look catches a row committed as this worker went idle.
+      relookMs: RELOOK_MS,
       outage: c.outage,
       wake,
       state,

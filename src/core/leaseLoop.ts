@@ -4,6 +4,8 @@
  * records the verdicts; the loop decides when to run the next one:
  *
  * - a full batch means more is waiting: go again at once (after yielding);
+ * - a partial batch, with `relookMs`: look once more after that short while
+ *   (a producer may have skipped its wake-up because this loop was busy);
  * - otherwise wait for a wake-up (NOTIFY) or the poll interval;
  * - a failed cycle backs off on the outage schedule and tries again, forever:
  *   a retryable failure (connection lost) as a warning, any other (a missing
@@ -46,6 +48,8 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
   readonly batchSize: number
   /** Longest wait between cycles when no wake-up arrives. */
   readonly pollMs: number
+  /** After a cycle that claimed some rows but not a full batch, look again this soon. */
+  readonly relookMs?: number
   /** Backoff between failed cycles. */
   readonly outage: RetryPolicy
   readonly wake: Signal
@@ -83,11 +87,23 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
     Effect.retry({ schedule: schedule(loop.outage) }),
     Effect.orDie,
   )
-  return Effect.forever(
-    Effect.flatMap(step, (claimed) =>
-      claimed >= loop.batchSize ? Effect.yieldNow : loop.wake.wait(loop.pollMs),
-    ),
-  )
+  const relookMs = loop.relookMs === undefined ? 0 : Math.min(loop.relookMs, loop.pollMs)
+  // The second look counts toward the poll interval: polls keep their period.
+  let lookedAgain = false
+  const pause = (claimed: number): Effect.Effect<void> => {
+    if (claimed >= loop.batchSize) {
+      lookedAgain = false
+      return Effect.yieldNow
+    }
+    if (claimed > 0 && relookMs > 0) {
+      lookedAgain = true
+      return loop.wake.wait(relookMs)
+    }
+    const wait = lookedAgain ? loop.pollMs - relookMs : loop.pollMs
+    lookedAgain = false
+    return loop.wake.wait(wait)
+  }
+  return Effect.forever(Effect.flatMap(step, pause))
 }
 
 /** Whether a loop ran a cycle within `withinMs` of now and its last cycle succeeded. */

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import { Effect, Exit, Layer, ManagedRuntime } from "effect"
 import { sql } from "kysely"
+import postgres from "postgres"
 import * as v from "valibot"
 import { defineEvent } from "../../src/Contract.ts"
 import * as Outbox from "../../src/Outbox.ts"
@@ -189,6 +190,96 @@ describe("relay", () => {
     } finally {
       await relay.dispose()
       await seen.close()
+    }
+  })
+
+  test("enqueue wakes relays with NOTIFY only while no committed row is due and unclaimed", async () => {
+    // A LISTEN of our own on the outbox channel counts the wake-ups; no relay runs on this database.
+    const listener = postgres(t.url, { max: 1, onnotice: () => {} })
+    let wakeups = 0
+    await listener.listen("txbox.outbox", () => {
+      wakeups++
+    })
+    try {
+      await sql`DELETE FROM txbox.outbox`.execute(t.db)
+      const settle = () => Bun.sleep(300)
+      await enqueueOrders(1) // nothing due before it: a relay may be idle, wake it
+      await settle()
+      expect(wakeups).toBe(1)
+      await enqueueOrders(2) // the first row is due and unclaimed: a relay is due to look anyway
+      await enqueueOrders(1)
+      await settle()
+      expect(wakeups).toBe(1)
+      // Claimed rows are not due (their lease moved visible_at): the relay on them is woken again.
+      await sql`UPDATE txbox.outbox SET visible_at = now() + interval '30 seconds'`.execute(t.db)
+      await enqueueOrders(1)
+      await settle()
+      expect(wakeups).toBe(2)
+      // Rows due later (a delay) do not count either.
+      await sql`DELETE FROM txbox.outbox`.execute(t.db)
+      await enqueueOrders(1, { delay: "1 hour" })
+      await enqueueOrders(1)
+      await settle()
+      expect(wakeups).toBe(4)
+    } finally {
+      await listener.end()
+      await sql`DELETE FROM txbox.outbox`.execute(t.db)
+    }
+  })
+
+  test("a row whose producer skipped the NOTIFY is published within moments, not at the next poll", async () => {
+    const exchange = uniqueName("relay-relook")
+    const seen = await collect(amqpUrl(), exchange)
+    // A poll no test waits for: only a NOTIFY or the relay's second look can publish in time.
+    const relay = startRelay(exchange, { pollInterval: "1 hour" })
+    await relay.runPromise(Effect.void)
+    try {
+      await sql`DELETE FROM txbox.outbox`.execute(t.db)
+      for (let round = 0; round < 20; round++) {
+        // Producers racing the relay's last batch: some of them see a due row and skip the NOTIFY.
+        const ids = (await Promise.all([enqueueOrders(1), enqueueOrders(1), enqueueOrders(1)])).flat()
+        await eventually(
+          `round ${round} published`,
+          async () => ids.every((id) => seen.counts.has(id)),
+          3_000,
+        )
+      }
+    } finally {
+      await relay.dispose()
+      await seen.close()
+    }
+  })
+
+  test("enqueue writes every column as given, for one row and for several (due times from the database clock)", async () => {
+    const at = new Date(Date.now() + 3_600_000)
+    for (const count of [1, 3]) {
+      const delayed = await enqueueOrders(count, {
+        delay: "90 seconds",
+        routingKey: "orders.custom",
+        tenantId: "t-1",
+        headers: { "x-kind": "test" },
+      })
+      const scheduled = await enqueueOrders(count, { visibleAt: at })
+      const rows = await sql<{
+        id: string
+        due_in: number
+        routing_key: string
+        tenant_id: string
+        kind: string
+      }>`
+        SELECT id::text, extract(epoch FROM visible_at - now()) AS due_in, routing_key, tenant_id,
+               headers->>'x-kind' AS kind
+        FROM txbox.outbox WHERE id = ANY(${delayed}::uuid[])`.execute(t.db)
+      expect(rows.rows.length).toBe(count)
+      for (const row of rows.rows) {
+        expect(Number(row.due_in)).toBeGreaterThan(80)
+        expect(Number(row.due_in)).toBeLessThanOrEqual(90)
+        expect([row.routing_key, row.tenant_id, row.kind]).toEqual(["orders.custom", "t-1", "test"])
+      }
+      const due = await sql<{ visible_at: Date }>`
+        SELECT visible_at FROM txbox.outbox WHERE id = ANY(${scheduled}::uuid[])`.execute(t.db)
+      expect(due.rows.map((r) => new Date(r.visible_at).getTime())).toEqual(scheduled.map(() => at.getTime()))
+      await sql`DELETE FROM txbox.outbox WHERE id = ANY(${[...delayed, ...scheduled]}::uuid[])`.execute(t.db)
     }
   })
 
