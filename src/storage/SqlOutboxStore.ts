@@ -47,6 +47,8 @@ export interface ClaimedRow {
   readonly tenant_id: string | null
   readonly occurred_at: Date
   readonly attempts: number
+  /** The lease the claim stamped (`visible_at`), as text: a Date would drop the microseconds. */
+  readonly lease_until: string
 }
 
 /** One verdict as it travels in `mark`'s JSON parameter. */
@@ -98,6 +100,7 @@ export const claimQuery = (
       eb.cast<number | null>("o.partition_epoch", "double precision").as("partition_epoch"),
       eb.cast<number | null>("o.partition_seq", "double precision").as("partition_seq"),
       "o.tenant_id",
+      eb.cast<string>("o.visible_at", "text").as("lease_until"),
       "o.occurred_at",
       "o.attempts",
     ])
@@ -165,6 +168,26 @@ export const markQuery = (
     .compile()
 }
 
+/**
+ * Marks a whole batch sent when every row of it was: no per-row parameter,
+ * and the rows are found on the `outbox_due` index by the one `visible_at` the
+ * claim stamped on all of them (the sequel article's one UPDATE per message,
+ * instead of a join with the verdicts). A row whose lease was extended since
+ * has another `visible_at` and is left to the per-row mark.
+ */
+export const markAllSentQuery = (
+  db: Kysely<TxboxDatabase>,
+  { token, leaseUntil }: { readonly token: string; readonly leaseUntil: string },
+): CompiledQuery =>
+  db
+    .updateTable("outbox")
+    .set({ status: sql.lit("sent"), published_at: now, lock_token: sql.lit(null) })
+    .where("status", "=", pending)
+    // Bound as text: postgres.js would parse a timestamptz parameter into a Date, dropping microseconds.
+    .where("visible_at", "=", sql<Date>`${leaseUntil}::text::timestamptz`)
+    .where("lock_token", "=", token)
+    .compile()
+
 /** Hands every row `token` holds back, due now. */
 export const releaseQuery = (
   db: Kysely<TxboxDatabase>,
@@ -205,6 +228,7 @@ export const lagQuery = (db: Kysely<TxboxDatabase>): CompiledQuery<{ lag: number
 export interface OutboxStatements {
   readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimedRow>
   readonly mark: (params: Parameters<typeof markQuery>[1]) => CompiledQuery
+  readonly markAllSent: (params: Parameters<typeof markAllSentQuery>[1]) => CompiledQuery
   readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
   readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
   readonly lag: () => CompiledQuery<{ lag: number | string | null }>
@@ -216,6 +240,7 @@ export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
   return {
     claim: prepare(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2 }),
     mark: prepare(db, markQuery, { token: "\0token", verdicts: "\0verdicts" }),
+    markAllSent: prepare(db, markAllSentQuery, { token: "\0token", leaseUntil: "\0leaseUntil" }),
     release: prepare(db, releaseQuery, { token: "\0token" }),
     extend: prepare(db, extendQuery, { token: "\0token", leaseMs: -1 }),
     lag: () => ({ ...lag, queryId: createQueryId() }),
@@ -239,13 +264,21 @@ const toMessage = (row: ClaimedRow): OutboxMessage => ({
   attempts: row.attempts,
 })
 
+/** Claims remembered for `markAllSent` at most; a relay has a claim or two in flight per worker. */
+const MAX_LEASES = 1024
+
 export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen(function* () {
   const database = yield* Database
   // Bound to txbox's schema once; `withSchema` leaves the CTE's name alone.
   const db = (database.db as Kysely<TxboxDatabase>).withSchema(database.schema)
   const q = statements(db)
 
-  const release = (token: string): Promise<number> => db.executeQuery(q.release({ token })).then(affected)
+  // Per claim in flight: the lease it stamped and how many rows it took, for `markAllSent`.
+  const leases = new Map<string, { readonly until: string; readonly rows: number }>()
+  const release = (token: string): Promise<number> => {
+    leases.delete(token)
+    return db.executeQuery(q.release({ token })).then(affected)
+  }
 
   const claim = Effect.fn("OutboxStore.claim")(function* (limit: number, leaseMs: number) {
     const token = uuidv7()
@@ -262,15 +295,30 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
       )
       return claimed
     })
+    const first = rows[0]
+    if (first !== undefined) {
+      // Claims that never reach a mark (a failed cycle) must not pile up: the per-row mark needs none.
+      if (leases.size >= MAX_LEASES) leases.clear()
+      leases.set(token, { until: first.lease_until, rows: rows.length })
+    }
     return { token, rows: rows.map(toMessage) } satisfies Claim<OutboxMessage>
   })
 
-  const mark = (token: string, marks: ReadonlyArray<OutboxMark>) =>
-    marks.length === 0
-      ? Effect.succeed(0)
-      : tryStore("OutboxStore.mark", () =>
-          db.executeQuery(q.mark({ token, verdicts: markVerdicts(marks) })).then(affected),
-        )
+  const mark = (token: string, marks: ReadonlyArray<OutboxMark>) => {
+    const lease = leases.get(token)
+    leases.delete(token)
+    if (marks.length === 0) return Effect.succeed(0)
+    const perRow = () => db.executeQuery(q.mark({ token, verdicts: markVerdicts(marks) })).then(affected)
+    const allSent =
+      lease !== undefined && marks.length === lease.rows && marks.every((m) => m.verdict._tag === "Done")
+    return tryStore("OutboxStore.mark", async () => {
+      if (!allSent) return perRow()
+      const sent = await db.executeQuery(q.markAllSent({ token, leaseUntil: lease.until })).then(affected)
+      // Fewer: some rows' lease was extended (another visible_at) or taken over; the per-row mark
+      // settles what is still ours and pending, and skips the rows just marked.
+      return sent === marks.length ? sent : sent + (await perRow())
+    })
+  }
 
   const lagSeconds = tryStore("OutboxStore.lag", async () => {
     const result = await db.executeQuery(q.lag())
@@ -297,7 +345,11 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     mark,
     release: (token) => tryStore("OutboxStore.release", () => release(token)),
     extend: (token, leaseMs) =>
-      tryStore("OutboxStore.extend", () => db.executeQuery(q.extend({ token, leaseMs })).then(affected)),
+      tryStore("OutboxStore.extend", () => {
+        // The rows get another visible_at: the claim's no longer finds them.
+        leases.delete(token)
+        return db.executeQuery(q.extend({ token, leaseMs })).then(affected)
+      }),
     lagSeconds,
     purgeSent,
     wakeups: (onWake) => database.listen(notifyChannel(database.schema, "outbox"), onWake),

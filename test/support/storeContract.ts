@@ -244,6 +244,47 @@ export const outboxStoreContract = (name: string, setup: () => Promise<OutboxHar
       expect((await row(id)).status).toBe("sent")
     })
 
+    test("a batch marked all Done is sent in full, even after its lease was extended or partly taken over", async () => {
+      const ids = [uuidv7(), uuidv7(), uuidv7()]
+      await harness().insert(ids.map((id) => ({ id })))
+      const plain = await claim(3)
+      expect(
+        await mark(
+          plain.token,
+          ids.map((id) => [id, done] as const),
+        ),
+      ).toBe(3)
+      for (const id of ids) expect(await row(id)).toMatchObject({ status: "sent", lockToken: null })
+
+      const more = [uuidv7(), uuidv7()]
+      await harness().insert(more.map((id) => ({ id })))
+      const extended = await claim(2)
+      await harness().run(Effect.flatMap(OutboxStore, (s) => s.extend(extended.token, LONG_LEASE)))
+      expect(
+        await mark(
+          extended.token,
+          more.map((id) => [id, done] as const),
+        ),
+      ).toBe(2)
+      for (const id of more) expect((await row(id)).status).toBe("sent")
+
+      // One of the batch was claimed by another relay after the lease ran out: only the rest is marked.
+      const last = [uuidv7(), uuidv7()]
+      await harness().insert(last.map((id) => ({ id })))
+      const expired = await claim(2, SHORT)
+      await harness().advance(SHORT)
+      const taker = await claim(1)
+      const taken = taker.rows[0]!.id
+      expect(
+        await mark(
+          expired.token,
+          last.map((id) => [id, done] as const),
+        ),
+      ).toBe(1)
+      expect(await row(taken)).toMatchObject({ status: "pending", lockToken: taker.token })
+      expect((await row(last.find((id) => id !== taken)!)).status).toBe("sent")
+    })
+
     test("mark Done records the message sent, published now, attempts unchanged, lock cleared", async () => {
       const id = uuidv7()
       await harness().insert([{ id }])
