@@ -2,7 +2,8 @@
  * `txbox/amqp`: the RabbitMQ transport (amqplib). Provide
  * `AmqpTransport.layer({ url })` wherever the `Transport` port is needed.
  */
-export * as AmqpTransport from "./transport/amqp/AmqpTransport.ts"
+export type { AmqpTransportSettings } from "./amqpTransport.ts"
+export * as AmqpTransport from "./amqpTransport.ts"
 export type { AmqpTransportConfig, ReconnectPolicy } from "./transport/amqp/config.ts"
 export { delayQueueName, queueName } from "./transport/amqp/subscriber.ts"
 export { decodeDelivery, encodeMessage, Headers as AmqpHeaders } from "./transport/amqp/wire.ts"

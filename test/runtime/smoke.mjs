@@ -1,12 +1,13 @@
-// The end-to-end smoke scenario shared by the Node and Deno suites: enqueue in the caller's
-// transaction → relay to RabbitMQ → inbox handler, on real PostgreSQL and RabbitMQ. Plain JavaScript
-// so that both runtimes load it as it is; each suite passes in txbox's modules the way that runtime
-// gets them (Node: the built package, by its own name; Deno: the TypeScript sources).
+// The end-to-end smoke scenario shared by the runtime suites: enqueue in the caller's transaction →
+// relay to RabbitMQ → inbox handler, on real PostgreSQL and RabbitMQ. Plain JavaScript, importing
+// no driver, so that every runtime loads it as it is, and a fresh project that installed one driver
+// runs it: each suite passes in txbox's modules the way that runtime gets them (Node: the built
+// package by its name; Deno: the npm package, or the JSR entry through an import map; Bun: the
+// sources) and the app side (its own Kysely, and an admin connection) built on its driver.
 import assert from "node:assert/strict"
 import { randomBytes, randomUUID } from "node:crypto"
 import { Effect, Layer } from "effect"
 import { Kysely, PostgresDialect, sql } from "kysely"
-import pg from "pg"
 import * as v from "valibot"
 
 /** @param {"TXBOX_TEST_DATABASE_URL" | "TXBOX_TEST_AMQP_URL"} name */
@@ -14,7 +15,7 @@ const fromEnv = (name) => {
   const value = process.env[name]
   if (!value) {
     throw new Error(
-      `${name} is not set: run through \`bun scripts/with-services.ts\` (npm run test:node / test:deno)`,
+      `${name} is not set: run through \`bun scripts/with-services.ts\` (npm run test:runtimes)`,
     )
   }
   return value
@@ -33,14 +34,13 @@ const eventually = async (what, check, timeoutMs = 30_000) => {
 }
 
 /**
- * Runs `body` against a database of its own, created on the test server with `pg` and migrated
- * through the package's own `migrate`, with an `orders`/`invoices` pair as the service's tables.
- * The database is dropped after, with its connections cut.
+ * The app side on node-postgres: its own Kysely, and one-off admin statements.
+ * @param {any} pg the `pg` module as the runtime imports it
  */
-const withDatabase = async (modules, body) => {
-  const server = fromEnv("TXBOX_TEST_DATABASE_URL")
-  const name = unique("txbox_smoke")
-  const admin = async (statement) => {
+export const pgApp = (pg) => ({
+  kysely: (url) =>
+    new Kysely({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: url, max: 2 }) }) }),
+  admin: async (server, statement) => {
     const client = new pg.Client({ connectionString: server })
     await client.connect()
     try {
@@ -48,22 +48,50 @@ const withDatabase = async (modules, body) => {
     } finally {
       await client.end()
     }
-  }
-  await admin(`CREATE DATABASE "${name}"`)
+  },
+})
+
+/**
+ * The app side on postgres.js, its Kysely on txbox's `PostgresJsDialect`.
+ * @param {any} postgres the `postgres` module's default export
+ * @param {any} PostgresJsDialect from `txbox/postgres-js`
+ */
+export const postgresJsApp = (postgres, PostgresJsDialect) => ({
+  kysely: (url) =>
+    new Kysely({
+      dialect: new PostgresJsDialect({ postgres: postgres(url, { max: 2, onnotice: () => {} }) }),
+    }),
+  admin: async (server, statement) => {
+    const client = postgres(server, { max: 1, onnotice: () => {} })
+    try {
+      await client.unsafe(statement)
+    } finally {
+      await client.end()
+    }
+  },
+})
+
+/**
+ * Runs `body` against a database of its own, created on the test server and migrated through the
+ * package's own `migrate`, with an `orders`/`invoices` pair as the service's tables. The database is
+ * dropped after, with its connections cut.
+ */
+const withDatabase = async (modules, app, body) => {
+  const server = fromEnv("TXBOX_TEST_DATABASE_URL")
+  const name = unique("txbox_smoke")
+  await app.admin(server, `CREATE DATABASE "${name}"`)
   const url = new URL(server)
   url.pathname = `/${name}`
-  const db = new Kysely({
-    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: url.href, max: 2 }) }),
-  })
+  const db = app.kysely(url.href)
   try {
-    const { applied } = await Effect.runPromise(modules.postgres.migrate(db))
+    const { applied } = await Effect.runPromise(modules.migrate(db))
     assert.ok(applied.length > 0, "migrate applied the schema to an empty database")
     await sql`CREATE TABLE orders (id uuid PRIMARY KEY, total numeric NOT NULL)`.execute(db)
     await sql`CREATE TABLE invoices (order_id uuid PRIMARY KEY, total numeric NOT NULL)`.execute(db)
     return await body({ url: url.href, db })
   } finally {
     await db.destroy()
-    await admin(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`)
+    await app.admin(server, `DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`)
   }
 }
 
@@ -90,20 +118,23 @@ const assertDelivered = async (db, { orderId, messageId, consumer }) => {
   assert.deepEqual(inbox.rows, [{ message_id: messageId, consumer, status: "processed" }])
 }
 
+const transport = (modules) =>
+  modules.amqp.AmqpTransport.layer({ url: fromEnv("TXBOX_TEST_AMQP_URL"), exchange: unique("smoke") })
+
 /**
- * The Effect API: `Inbox.make` and `Relay.make` in one scope over `PostgresStore.layer` and
- * `AmqpTransport.layer`, `Outbox.enqueue` inside the service's own Kysely transaction.
+ * The Effect API: `Inbox.make` and `Relay.make` in one scope over the store `store({ url, db })`
+ * gives and `AmqpTransport.layer`, `Outbox.enqueue` inside the service's own Kysely transaction.
+ * @param {{ txbox: any, amqp: any, migrate: any }} modules
+ * @param {{ kysely: (url: string) => any, admin: (server: string, statement: string) => Promise<void> }} app
+ * @param {(target: { url: string, db: any }) => any} store the store layer
  */
-export const smokeEffect = (modules, driver) =>
-  withDatabase(modules, async ({ url, db }) => {
+export const smokeEffect = (modules, app, store) =>
+  withDatabase(modules, app, async ({ url, db }) => {
     const { Inbox, Outbox, Relay } = modules.txbox
     const OrderPlaced = orderPlaced(modules)
-    const consumer = unique(`smoke-effect-${driver}`)
+    const consumer = unique("smoke-effect")
     const orderId = randomUUID()
-    const infra = Layer.mergeAll(
-      modules.postgres.PostgresStore.layer({ url, driver, poolSize: 2 }),
-      modules.amqp.AmqpTransport.layer({ url: fromEnv("TXBOX_TEST_AMQP_URL"), exchange: unique("smoke") }),
-    )
+    const infra = Layer.mergeAll(store({ url, db }), transport(modules))
     const program = Effect.gen(function* () {
       // The inbox first: its queue must be bound before the relay publishes, or the event is unroutable.
       yield* Inbox.make({
@@ -134,19 +165,18 @@ export const smokeEffect = (modules, driver) =>
     await Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(infra)))
   })
 
-/** The Promise facade (`txbox/promise`): `createTxbox`, `start()`, `close()`. */
-export const smokePromise = (modules, driver) =>
-  withDatabase(modules, async ({ url, db }) => {
+/**
+ * The Promise facade (`txbox/promise`): `createTxbox`, `start()`, `close()`.
+ * @param {{ txbox: any, amqp: any, promise: any, migrate: any }} modules
+ * @param {{ kysely: (url: string) => any, admin: (server: string, statement: string) => Promise<void> }} app
+ * @param {(target: { url: string, db: any }) => any} store the store layer
+ */
+export const smokePromise = (modules, app, store) =>
+  withDatabase(modules, app, async ({ url, db }) => {
     const OrderPlaced = orderPlaced(modules)
-    const consumer = unique(`smoke-promise-${driver}`)
+    const consumer = unique("smoke-promise")
     const orderId = randomUUID()
-    const txbox = modules.promise.createTxbox({
-      database: modules.postgres.PostgresStore.layer({ url, driver, poolSize: 2 }),
-      transport: modules.amqp.AmqpTransport.layer({
-        url: fromEnv("TXBOX_TEST_AMQP_URL"),
-        exchange: unique("smoke"),
-      }),
-    })
+    const txbox = modules.promise.createTxbox({ database: store({ url, db }), transport: transport(modules) })
     try {
       const inbox = txbox.inbox({
         consumer,

@@ -1,0 +1,9 @@
+/**
+ * `txbox/kysely`: the store over a Kysely instance the app already has, and
+ * the migrator. No driver: for a service that owns its pool, or an edge worker.
+ */
+
+export type { KyselyStoreConfig } from "./storage/KyselyStore.ts"
+export * as KyselyStore from "./storage/KyselyStore.ts"
+export { migrations } from "./storage/migrations.generated.ts"
+export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/migrator.ts"

@@ -1,0 +1,61 @@
+/**
+ * The store over a Kysely instance the app already has: whatever dialect and
+ * pool the app built (node-postgres, postgres.js, PGlite, Neon's or another
+ * edge driver), as the `Database` port, and the outbox and inbox ports over it.
+ * It imports no driver, and it never closes the app's Kysely: the app owns it.
+ *
+ * Kysely cannot LISTEN, so without a `listen` the relay and the inbox wake on
+ * their poll interval alone (correct, only slower to react).
+ */
+import { Effect, Layer } from "effect"
+import type { Kysely } from "kysely"
+import { validateConfig } from "../core/config.ts"
+import { validateSchemaName } from "../core/identifier.ts"
+import { ConfigError } from "../Errors.ts"
+import { Database, type DatabaseShape } from "../ports/Database.ts"
+import type { TxboxStore } from "../ports/stores.ts"
+import { sqlStores } from "./storeLayer.ts"
+
+export interface KyselyStoreConfig {
+  /** The app's Kysely on PostgreSQL (or PGlite). Left open when the layer closes. */
+  // biome-ignore lint/suspicious/noExplicitAny: the app's Kysely describes its own tables
+  readonly db: Kysely<any>
+  /** Schema holding txbox's tables. @default "txbox" */
+  readonly schema?: string
+  /**
+   * LISTEN, if the app has a connection for it: subscribe to `channel` until
+   * the scope closes, calling `onNotify` on each NOTIFY. Without it, polling.
+   */
+  readonly listen?: DatabaseShape["listen"]
+  /**
+   * Set when the dialect makes COMMIT of an aborted transaction fail (Kysely
+   * 0.29's drivers, or txbox's own `pg` pool); unset, txbox checks the
+   * transaction before COMMIT, one more round trip. @default false
+   */
+  readonly commitRefusesAborted?: boolean
+}
+
+const noListen = (_channel: string, _onNotify: () => void) => Effect.void
+
+/** The `Database` service over the app's Kysely. */
+export const make = (config: KyselyStoreConfig): Effect.Effect<DatabaseShape, ConfigError> =>
+  validateConfig(() => {
+    const db = config.db as unknown
+    if (
+      typeof db !== "object" ||
+      db === null ||
+      typeof (db as { transaction?: unknown }).transaction !== "function"
+    ) {
+      throw new ConfigError({ reason: "db must be a Kysely instance" })
+    }
+    return {
+      db: config.db,
+      schema: validateSchemaName(config.schema ?? "txbox"),
+      listen: config.listen ?? noListen,
+      commitRefusesAborted: config.commitRefusesAborted === true,
+    } satisfies DatabaseShape
+  })
+
+/** The store as a layer: `Database`, the `OutboxStore` and `InboxStore` ports over it, and the schema setting. */
+export const layer = (config: KyselyStoreConfig): Layer.Layer<TxboxStore, ConfigError> =>
+  sqlStores(Layer.effect(Database, make(config)))

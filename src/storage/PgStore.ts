@@ -1,0 +1,37 @@
+/**
+ * The PostgreSQL store on node-postgres (`pg`), the default driver: a Kysely
+ * instance over a `pg.Pool` plus a LISTEN client, as the `Database` port, and
+ * the outbox and inbox ports over it. `pg` is an optional peer dependency of
+ * txbox, imported when the layer is built; without it the layer fails with a
+ * `ConfigError` that says `npm i pg`.
+ */
+import { type Config, Effect, Layer, type Scope } from "effect"
+import { validateConfig } from "../core/config.ts"
+import type { ConfigError } from "../Errors.ts"
+import { fromConfig } from "../layerConfig.ts"
+import { Database, type DatabaseShape } from "../ports/Database.ts"
+import type { TxboxStore } from "../ports/stores.ts"
+import { open } from "./nodePostgres.ts"
+import { type PostgresConnectionConfig, validateConnection } from "./postgresCommon.ts"
+import { sqlStores } from "./storeLayer.ts"
+
+/** `url` (a string or `Redacted`), `schema`, `poolSize`, `listen`, `connectTimeoutSeconds`. */
+export type PgStoreConfig = PostgresConnectionConfig
+
+/** Builds the `Database` service in the current scope; closing the scope closes the pool. */
+export const make = (config: PgStoreConfig): Effect.Effect<DatabaseShape, ConfigError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const v = yield* validateConfig(() => validateConnection(config))
+    return yield* open(v, "txbox/pg")
+  })
+
+/** The store as a layer: `Database`, the `OutboxStore` and `InboxStore` ports over it, and the schema setting. */
+export const layer = (config: PgStoreConfig): Layer.Layer<TxboxStore, ConfigError> =>
+  sqlStores(Layer.effect(Database, make(config)))
+
+/**
+ * `layer`, its settings read through Effect's `Config`:
+ * `PgStore.layerConfig({ url: Config.Redacted("DATABASE_URL") })`.
+ */
+export const layerConfig = (config: Config.Wrap<PgStoreConfig>): Layer.Layer<TxboxStore, ConfigError> =>
+  fromConfig(config, layer)

@@ -1,0 +1,70 @@
+/**
+ * What the PostgreSQL stores share whatever the driver: the settings and their
+ * validation and the LISTEN retry schedules. Imports no driver.
+ */
+import { type Duration, type Redacted, Schedule } from "effect"
+import { validateSchemaName } from "../core/identifier.ts"
+import { ConfigError, redactUrls } from "../Errors.ts"
+import { urlText } from "../layerConfig.ts"
+import { makeRetryPolicy, schedule } from "../Retry.ts"
+
+/** The settings of a PostgreSQL store, whichever driver it runs on. */
+export interface PostgresConnectionConfig {
+  /**
+   * `postgres://user:pass@host:port/db`, as a string or a `Redacted` (what
+   * `Config.Redacted("DATABASE_URL")` gives). Never logged; errors show it redacted.
+   */
+  readonly url: string | Redacted.Redacted<string>
+  /** Schema holding txbox's tables. @default "txbox" */
+  readonly schema?: string
+  /** Pooled connections (LISTEN takes one more of its own). @default 10 */
+  readonly poolSize?: number
+  /** Open a LISTEN connection for low-latency wake-ups. Polling stays correct without it. @default true */
+  readonly listen?: boolean
+  /** Seconds to wait for a connection. @default 10 */
+  readonly connectTimeoutSeconds?: number
+}
+
+/** Validated settings, the URL in clear for the driver. */
+export interface ValidConnection {
+  readonly url: string
+  readonly schema: string
+  readonly poolSize: number
+  readonly timeout: number
+  readonly listen: boolean
+}
+
+/** Throws `ConfigError` on a bad setting (run it under `validateConfig`). */
+export const validateConnection = (config: PostgresConnectionConfig): ValidConnection => {
+  const schema = validateSchemaName(config.schema ?? "txbox")
+  const poolSize = config.poolSize ?? 10
+  if (!Number.isInteger(poolSize) || poolSize < 1) {
+    throw new ConfigError({ reason: `poolSize must be a positive integer, got ${poolSize}` })
+  }
+  const text = urlText(config.url)
+  let url: URL
+  try {
+    url = new URL(text)
+  } catch {
+    throw new ConfigError({ reason: `database URL is not a valid URL: ${redactUrls(String(text))}` })
+  }
+  if (url.protocol !== "postgres:" && url.protocol !== "postgresql:") {
+    throw new ConfigError({ reason: `database URL must start with postgres:// (got ${url.protocol}//)` })
+  }
+  return {
+    url: text,
+    schema,
+    poolSize,
+    timeout: config.connectTimeoutSeconds ?? 10,
+    listen: config.listen !== false,
+  }
+}
+
+// Retry a lost LISTEN connection gently: it only costs latency.
+export const relisten: Schedule.Schedule<Duration.Duration> = Schedule.exponential("200 millis").pipe(
+  Schedule.jittered,
+)
+// ... and forever once it was up, capped at 5 s between attempts.
+export const relistenForever: Schedule.Schedule<Duration.Duration> = schedule(
+  makeRetryPolicy({ initialDelay: "200 millis", maxDelay: "5 seconds" }),
+)
