@@ -171,6 +171,7 @@ export const make = (
       handlerTimeoutMs: c.handlerTimeoutMs,
       counters,
       afterCommit: inboxConfig.afterCommit,
+      messaging: transport.messaging,
     }
     const consumer = makeConsumer(parts)
 

@@ -1,12 +1,21 @@
 /**
- * txbox's metrics, as Effect `Metric`s: they work with whatever exporter the
- * service already wires into Effect (OpenTelemetry through `effect/observability`),
- * and `prometheusText` renders them for a plain `/metrics` endpoint.
- * Updated once per batch, not per message, to stay off the hot path.
+ * txbox's metrics, as Effect `Metric`s: they go wherever the service already
+ * exports Effect's metrics (`Otlp.layerJson` from `effect/observability` for
+ * OpenTelemetry), and `prometheusText` (Effect's own `PrometheusMetrics.format`)
+ * renders them for a plain `/metrics` endpoint. Durations are in seconds, as
+ * Prometheus and OpenTelemetry name them. Updated once per batch, not per
+ * message, to stay off the hot path.
  */
 import { Effect, Metric } from "effect"
+import { PrometheusMetrics } from "effect/observability"
 
-const durations: ReadonlyArray<number> = Metric.exponentialBoundaries({ start: 1, factor: 2, count: 14 }) // 1 ms … 8 s
+/**
+ * Effect's unit attribute: OTLP exports it as the metric's unit (UCUM `s`);
+ * the Prometheus format leaves it out (the `_seconds` suffix says it).
+ */
+const seconds = { unit: "seconds" } as const
+/** Histogram boundaries for durations, in seconds: 1 ms … 4.096 s, doubling (then +Inf). */
+const durations: ReadonlyArray<number> = Metric.exponentialBoundaries({ start: 0.001, factor: 2, count: 14 })
 
 export const published: Metric.Counter<number> = Metric.counter("txbox_published_total", {
   description: "Outbox messages confirmed by the broker and marked sent",
@@ -30,29 +39,34 @@ export const duplicates: Metric.Counter<number> = Metric.counter("txbox_duplicat
 })
 export const outboxLag: Metric.Gauge<number> = Metric.gauge("txbox_outbox_lag_seconds", {
   description: "Age of the oldest due, unpublished outbox message (0 when none)",
+  attributes: seconds,
 })
 export const batchSize: Metric.Histogram<number> = Metric.histogram("txbox_relay_batch_size", {
   description: "Rows per relay claim",
   boundaries: Metric.exponentialBoundaries({ start: 1, factor: 4, count: 8 }),
 })
-export const claimDuration: Metric.Histogram<number> = Metric.histogram("txbox_relay_claim_ms", {
-  description: "Claim statement",
+export const claimDuration: Metric.Histogram<number> = Metric.histogram("txbox_relay_claim_seconds", {
+  description: "Claim statement, in seconds",
+  attributes: seconds,
   boundaries: durations,
 })
-export const publishDuration: Metric.Histogram<number> = Metric.histogram("txbox_relay_publish_ms", {
-  description: "Publishing one batch until every confirm",
+export const publishDuration: Metric.Histogram<number> = Metric.histogram("txbox_relay_publish_seconds", {
+  description: "Publishing one batch until every confirm, in seconds",
+  attributes: seconds,
   boundaries: durations,
 })
-export const markDuration: Metric.Histogram<number> = Metric.histogram("txbox_relay_mark_ms", {
-  description: "Mark statement",
+export const markDuration: Metric.Histogram<number> = Metric.histogram("txbox_relay_mark_seconds", {
+  description: "Mark statement, in seconds",
+  attributes: seconds,
   boundaries: durations,
 })
-export const handlerDuration: Metric.Histogram<number> = Metric.histogram("txbox_handler_ms", {
-  description: "Inbox handler, including its transaction",
+export const handlerDuration: Metric.Histogram<number> = Metric.histogram("txbox_handler_seconds", {
+  description: "Inbox handler, including its transaction, in seconds",
+  attributes: seconds,
   boundaries: durations,
 })
 
-/** Runs `effect` and records its duration in milliseconds into `histogram`. */
+/** Runs `effect` and records its duration in seconds into `histogram`. */
 export const timed = <A, E, R>(
   histogram: Metric.Metric<number, unknown>,
   effect: Effect.Effect<A, E, R>,
@@ -61,48 +75,14 @@ export const timed = <A, E, R>(
     const start = performance.now()
     return Effect.ensuring(
       effect,
-      Effect.suspend(() => Metric.update(histogram, performance.now() - start)),
+      Effect.suspend(() => Metric.update(histogram, (performance.now() - start) / 1000)),
     )
   })
 
-const label = (attributes: Metric.Metric.AttributeSet | undefined) => {
-  const entries = Object.entries(attributes ?? {})
-  if (entries.length === 0) return ""
-  return `{${entries.map(([k, v]) => `${k}="${String(v).replace(/["\\\n]/g, "_")}"`).join(",")}}`
-}
-
-/** Every registered `txbox_*` metric in the Prometheus text exposition format. */
-export const prometheusText: Effect.Effect<string> = Effect.map(Metric.snapshot, (snapshots) => {
-  const lines: string[] = []
-  const described = new Set<string>()
-  for (const s of snapshots) {
-    if (!s.id.startsWith("txbox_")) continue
-    const kind =
-      s.type === "Counter"
-        ? "counter"
-        : s.type === "Gauge"
-          ? "gauge"
-          : s.type === "Histogram"
-            ? "histogram"
-            : "untyped"
-    if (!described.has(s.id)) {
-      described.add(s.id)
-      if (s.description) lines.push(`# HELP ${s.id} ${s.description}`)
-      lines.push(`# TYPE ${s.id} ${kind}`)
-    }
-    const attrs = label(s.attributes)
-    if (s.type === "Counter") lines.push(`${s.id}${attrs} ${String(s.state.count)}`)
-    else if (s.type === "Gauge") lines.push(`${s.id}${attrs} ${String(s.state.value)}`)
-    else if (s.type === "Histogram") {
-      const base = attrs ? attrs.slice(1, -1) + "," : ""
-      for (const [bound, count] of s.state.buckets) {
-        // Effect keeps an Infinity bucket of its own; Prometheus spells it +Inf, written below.
-        if (Number.isFinite(bound)) lines.push(`${s.id}_bucket{${base}le="${bound}"} ${count}`)
-      }
-      lines.push(`${s.id}_bucket{${base}le="+Inf"} ${s.state.count}`)
-      lines.push(`${s.id}_sum${attrs} ${s.state.sum}`)
-      lines.push(`${s.id}_count${attrs} ${s.state.count}`)
-    }
-  }
-  return `${lines.join("\n")}\n`
-})
+/**
+ * Every metric registered in the process (txbox's `txbox_*` ones and the
+ * service's own) in the Prometheus text exposition format: Effect's
+ * `PrometheusMetrics.format()`, for a `/metrics` endpoint. With an Effect
+ * `HttpRouter`, `PrometheusMetrics.layerHttp()` serves it for you.
+ */
+export const prometheusText: Effect.Effect<string> = PrometheusMetrics.format()

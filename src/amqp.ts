@@ -6,4 +6,10 @@ export type { AmqpTransportSettings } from "./amqpTransport.ts"
 export * as AmqpTransport from "./amqpTransport.ts"
 export type { AmqpTransportConfig, ReconnectPolicy } from "./transport/amqp/config.ts"
 export { delayQueueName, queueName } from "./transport/amqp/subscriber.ts"
+export {
+  type ConsumerTopology,
+  type DeclaredTopology,
+  type DeclareTopologyOptions,
+  declareTopology,
+} from "./transport/amqp/topology.ts"
 export { decodeDelivery, encodeMessage, Headers as AmqpHeaders } from "./transport/amqp/wire.ts"

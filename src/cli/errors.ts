@@ -5,7 +5,7 @@
  * said no or could not be reached (fix the environment, or retry).
  */
 import { Data } from "effect"
-import { ConfigError, redactUrls, StoreError } from "../Errors.ts"
+import { ConfigError, redactUrls, StoreError, TransportError } from "../Errors.ts"
 
 /** The invocation is wrong: a bad flag value, a missing URL, a refused combination. Exit code 2. */
 export class UsageError extends Data.TaggedError("UsageError")<{ readonly reason: string }> {
@@ -63,6 +63,13 @@ export const describeFailure = (error: unknown): { readonly line: string; readon
     const text = cannotConnect(error)
       ? `cannot connect to the database: ${causeText(error.cause)}`
       : `${error.operation} failed: ${causeText(error.cause)}`
+    return { line: line(text), exitCode: EXIT_RUNTIME }
+  }
+  if (error instanceof TransportError) {
+    const text =
+      error.reason === "connection"
+        ? `cannot connect to the broker: ${causeText(error.cause)}`
+        : `${error.operation} failed (${error.reason}): ${causeText(error.cause)}`
     return { line: line(text), exitCode: EXIT_RUNTIME }
   }
   return { line: line(`unexpected failure: ${causeText(error)}`), exitCode: EXIT_RUNTIME }

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 /**
- * The `txbox` command: migrate, status, dead list|redrive|skip, purge; and,
- * with no database, contracts check and asyncapi.
+ * The `txbox` command: migrate, status, dead list|redrive|skip, purge; with
+ * no database, contracts check and asyncapi; on RabbitMQ, topology declare.
  *
  * Exit codes: 0 done; 1 the database failed or is not migrated, or a contract
  * check found an incompatible change; 2 the command line or configuration is
@@ -20,6 +20,7 @@ import * as migrate from "./migrate.ts"
 import * as platform from "./platform.ts"
 import * as purge from "./purge.ts"
 import * as status from "./status.ts"
+import * as topology from "./topology.ts"
 
 // package.json sits two levels up from both src/cli/main.ts and dist/cli/main.js.
 const version = (): string => {
@@ -34,7 +35,7 @@ const version = (): string => {
 
 const txbox = Command.make("txbox").pipe(
   Command.withDescription(
-    "Operate txbox's outbox and inbox tables on PostgreSQL; check and describe event contracts",
+    "Operate txbox's outbox and inbox tables on PostgreSQL; check and describe event contracts; declare RabbitMQ topology",
   ),
   Command.withExamples([
     { command: "txbox migrate --url postgres://app@db/app", description: "create or upgrade the tables" },
@@ -53,6 +54,10 @@ const txbox = Command.make("txbox").pipe(
       command: "txbox asyncapi --module ./src/contracts.ts --consumer billing --out asyncapi.json",
       description: "an AsyncAPI 3.0 document of the contracts",
     },
+    {
+      command: "txbox topology declare --url amqp://rabbitmq --consumer billing --type orders.order-placed",
+      description: "a consumer's queue and bindings, before its producer publishes",
+    },
   ]),
   Command.withSubcommands([
     migrate.command,
@@ -61,6 +66,7 @@ const txbox = Command.make("txbox").pipe(
     purge.command,
     contracts.command,
     asyncapi.command,
+    topology.command,
   ]),
 )
 

@@ -7,7 +7,7 @@ import { Cause, Effect } from "effect"
 import type { Transaction } from "kysely"
 import type { AnyContract, PayloadOf } from "../Contract.ts"
 import * as Metrics from "../Metrics.ts"
-import type { PartitionPosition } from "../ports/Transport.ts"
+import type { MessagingIdentity, PartitionPosition } from "../ports/Transport.ts"
 import { parentFromTraceparent } from "./trace.ts"
 
 /** What a handler knows about the message besides its payload. */
@@ -74,6 +74,27 @@ export const describe = (error: unknown): string => {
 }
 
 /**
+ * The `Inbox.handle` span's attributes: OpenTelemetry's messaging conventions
+ * for a `process` span (with the transport's system and destination when it
+ * names them) and txbox's own.
+ */
+const processAttributes = (
+  consumer: string,
+  envelope: Envelope,
+  messaging: MessagingIdentity | undefined,
+): Record<string, unknown> => ({
+  ...(messaging === undefined
+    ? {}
+    : { "messaging.system": messaging.system, "messaging.destination.name": messaging.destination }),
+  "messaging.operation.type": "process",
+  "messaging.operation.name": "process",
+  "messaging.message.id": envelope.id,
+  "txbox.type": envelope.type,
+  "txbox.consumer": consumer,
+  "txbox.attempt": envelope.attempt,
+})
+
+/**
  * Runs a handler under its span (continuing the producer's trace), times it,
  * and gives up on it after `timeoutMs`: a hung handler would hold its
  * transaction, a pooled connection and (in the processor) the whole batch.
@@ -88,6 +109,7 @@ export const runHandler = (
   // biome-ignore lint/suspicious/noExplicitAny: the caller's database
   trx: Transaction<any>,
   timeoutMs: number,
+  messaging?: MessagingIdentity,
 ): Effect.Effect<void, HandlerFailed> => {
   const parent = parentFromTraceparent(envelope.headers.traceparent)
   // Interruptible even inside the processor's uninterruptible batch, so the timeout can stop it.
@@ -98,8 +120,11 @@ export const runHandler = (
     }),
     Effect.catchCause((cause) => Effect.fail(new HandlerFailed(describe(Cause.squash(cause))))),
     (handle) => Metrics.timed(Metrics.handlerDuration, handle),
+    // A CONSUMER span, child of the producer's PRODUCER span (the relay's publish) when the
+    // message carries its traceparent.
     Effect.withSpan("Inbox.handle", {
-      attributes: { "txbox.type": envelope.type, "txbox.consumer": consumer },
+      kind: "consumer",
+      attributes: processAttributes(consumer, envelope, messaging),
       ...(parent ? { parent } : {}),
     }),
   )

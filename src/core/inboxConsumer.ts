@@ -17,7 +17,7 @@ import type { Registry } from "../Contract.ts"
 import type { StoreError } from "../Errors.ts"
 import * as Metrics from "../Metrics.ts"
 import type { InboxRow, InboxStoreShape } from "../ports/InboxStore.ts"
-import type { Delivery, DeliveryDecision } from "../ports/Transport.ts"
+import type { Delivery, DeliveryDecision, MessagingIdentity } from "../ports/Transport.ts"
 import type { RetryPolicy } from "../Retry.ts"
 import { makeBatcher } from "./batcher.ts"
 import { bounded } from "./bounded.ts"
@@ -56,6 +56,8 @@ export interface InboxParts {
   readonly counters: InboxCounters
   /** Runs after the inbox transaction committed and before the broker ack. */
   readonly afterCommit: ((delivery: Delivery) => Effect.Effect<void>) | undefined
+  /** The transport's messaging identity, for the handler spans' attributes. */
+  readonly messaging?: MessagingIdentity | undefined
 }
 
 export const deadInbox = Metric.withAttributes(Metrics.dead, { side: "inbox" })
@@ -183,6 +185,7 @@ export const makeConsumer = (p: InboxParts) => {
               decoded.envelope,
               tx.trx,
               p.handlerTimeoutMs,
+              p.messaging,
             )
             return "processed" as const
           }),

@@ -48,6 +48,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
                 envelope,
                 tx.trx,
                 p.handlerTimeoutMs,
+                p.messaging,
               )
             }
             return mine

@@ -3,20 +3,19 @@ import { Effect, Option, Tracer } from "effect"
 
 const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
 
+/** `span` as a `traceparent` header, if its ids make a valid one. */
+export const traceparentOf = (span: Tracer.AnySpan): string | undefined => {
+  const traceId = span.traceId.padStart(32, "0").slice(-32)
+  const spanId = span.spanId.padStart(16, "0").slice(-16)
+  return TRACEPARENT.test(`00-${traceId}-${spanId}-01`)
+    ? `00-${traceId}-${spanId}-${span.sampled ? "01" : "00"}`
+    : undefined
+}
+
 /** The current span as a `traceparent` header, if there is a span. */
 export const currentTraceparent: Effect.Effect<string | undefined> = Effect.map(
   Effect.option(Effect.currentSpan),
-  (span) =>
-    Option.match(span, {
-      onNone: () => undefined,
-      onSome: (s) => {
-        const traceId = s.traceId.padStart(32, "0").slice(-32)
-        const spanId = s.spanId.padStart(16, "0").slice(-16)
-        return TRACEPARENT.test(`00-${traceId}-${spanId}-01`)
-          ? `00-${traceId}-${spanId}-${s.sampled ? "01" : "00"}`
-          : undefined
-      },
-    }),
+  (span) => Option.match(span, { onNone: () => undefined, onSome: traceparentOf }),
 )
 
 /** Parses a `traceparent` into an external parent span for the consumer's span. */

@@ -98,6 +98,17 @@ export interface SubscribeOptions {
   readonly prefetch: number
 }
 
+/**
+ * Who the transport is, in OpenTelemetry's messaging semantic conventions: the
+ * inbox puts these on its `process` spans (`Inbox.handle`).
+ */
+export interface MessagingIdentity {
+  /** `messaging.system`, e.g. `rabbitmq`. */
+  readonly system: string
+  /** `messaging.destination.name`: for RabbitMQ, the exchange. */
+  readonly destination: string
+}
+
 export interface TransportShape {
   /**
    * Publishes a whole batch with every message in flight at once; one outcome
@@ -119,6 +130,8 @@ export interface TransportShape {
   ) => Effect.Effect<void, TransportError, Scope.Scope>
   /** Whether the transport currently holds a live connection (for health checks). */
   readonly isConnected: Effect.Effect<boolean>
+  /** Its OpenTelemetry messaging identity, for span attributes; absent for an in-process transport. */
+  readonly messaging?: MessagingIdentity
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.

@@ -8,9 +8,14 @@
  * - one channel per subscription, manual acks, retries through delay queues.
  *
  * Topology: a durable topic exchange; each consumer owns a durable queue
- * `txbox.<consumer>` (quorum by default) bound to its event types.
+ * `txbox.<consumer>` (quorum by default) bound to its event types, declared
+ * when it subscribes or ahead of time with `declareTopology` (topology.ts).
+ *
+ * Tracing: the batch is a CLIENT span, each message a PRODUCER span whose
+ * context is sent as its `traceparent` (OpenTelemetry messaging conventions).
  */
-import { Effect, Exit, Layer, Scope, Semaphore } from "effect"
+import { Effect, Exit, Layer, Scope, Semaphore, type Tracer } from "effect"
+import { parentFromTraceparent, traceparentOf } from "../../core/trace.ts"
 import type { ConfigError, TransportError } from "../../Errors.ts"
 import {
   type OutgoingMessage,
@@ -22,7 +27,14 @@ import { type AmqpTransportConfig, type ResolvedConfig, resolveConfig } from "./
 import { ConfirmPublisher } from "./confirms.ts"
 import { type Connection, type Live, makeConnection, openConfirmChannel, rpc } from "./connection.ts"
 import { makeSubscribe } from "./subscriber.ts"
-import { type EncodeResult, encodeMessage } from "./wire.ts"
+import { type EncodeResult, encodeMessage, Headers } from "./wire.ts"
+
+export {
+  type ConsumerTopology,
+  type DeclaredTopology,
+  type DeclareTopologyOptions,
+  declareTopology,
+} from "./topology.ts"
 
 const PUBLISH = "AmqpTransport.publish"
 
@@ -94,16 +106,84 @@ const makePublish = (
     )
   })
 
-  return Effect.fn(PUBLISH)(function* (messages: ReadonlyArray<OutgoingMessage>) {
+  const system = { "messaging.system": "rabbitmq", "messaging.destination.name": config.exchange }
+  const messageSpanName = `publish ${config.exchange}`
+
+  /**
+   * One PRODUCER span per message (OpenTelemetry messaging conventions, a
+   * `send`): a child of the span that enqueued it (its stored `traceparent`),
+   * linked to the batch's span, and sent on the wire as the message's
+   * `traceparent`, so the consumer's `process` span is its child and producer,
+   * relay and consumer share one trace.
+   */
+  const messageSpans = (
+    messages: ReadonlyArray<OutgoingMessage>,
+    items: Array<EncodeResult>,
+  ): Effect.Effect<ReadonlyArray<Tracer.Span>> =>
+    Effect.gen(function* () {
+      const batch = yield* Effect.option(Effect.currentSpan)
+      const links = batch._tag === "Some" ? [{ span: batch.value, attributes: {} }] : []
+      const spans = new Array<Tracer.Span>(messages.length)
+      for (let i = 0; i < messages.length; i++) {
+        const message = messages[i]!
+        const parent = parentFromTraceparent(message.headers[Headers.traceparent])
+        const span = yield* Effect.makeSpan(messageSpanName, {
+          kind: "producer",
+          links,
+          ...(parent === undefined ? {} : { parent }),
+          attributes: {
+            ...system,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "publish",
+            "messaging.message.id": message.id,
+            "messaging.rabbitmq.destination.routing_key": message.routingKey,
+            "txbox.type": message.type,
+          },
+        })
+        spans[i] = span
+        const item = items[i]!
+        const traceparent = traceparentOf(span)
+        if (item._tag === "Encoded" && traceparent !== undefined) {
+          ;(item.message.options.headers as Record<string, unknown>)[Headers.traceparent] = traceparent
+        }
+      }
+      return spans
+    })
+
+  const endSpans = (
+    spans: ReadonlyArray<Tracer.Span>,
+    outcomes: ReadonlyArray<PublishOutcome> | undefined,
+  ): Effect.Effect<void> =>
+    Effect.clockWith((clock) =>
+      Effect.sync(() => {
+        const now = clock.currentTimeNanosUnsafe()
+        for (let i = 0; i < spans.length; i++) {
+          const outcome = outcomes?.[i]
+          const span = spans[i]!
+          if (outcome?._tag === "Confirmed") span.end(now, Exit.void)
+          else {
+            span.attribute("error.type", outcome?._tag ?? "Interrupted")
+            span.end(now, Exit.fail(outcome?.error ?? "interrupted before the broker confirmed it"))
+          }
+        }
+      }),
+    )
+
+  // A CLIENT span for the batch (its messages' own spans are the PRODUCER ones).
+  return Effect.fn(PUBLISH, {
+    kind: "client",
+    attributes: { ...system, "messaging.operation.type": "send", "messaging.operation.name": "publish" },
+  })(function* (messages: ReadonlyArray<OutgoingMessage>) {
     if (messages.length === 0) return []
-    yield* Effect.annotateCurrentSpan("messages", messages.length)
+    yield* Effect.annotateCurrentSpan("messaging.batch.message_count", messages.length)
     const target = yield* publisher
     const items = new Array<EncodeResult>(messages.length)
     for (let i = 0; i < messages.length; i++) items[i] = encodeMessage(messages[i]!, config.source)
+    const spans = yield* messageSpans(messages, items)
     return yield* Effect.callback<ReadonlyArray<PublishOutcome>>((resume) => {
       const batch = target.publish(config.exchange, items, (outcomes) => resume(Effect.succeed(outcomes)))
       return Effect.sync(() => target.abandon(batch))
-    })
+    }).pipe(Effect.onExit((exit) => endSpans(spans, Exit.isSuccess(exit) ? exit.value : undefined)))
   })
 }
 
@@ -122,6 +202,7 @@ export const make = (
       publish: makePublish(connection, resolved, lock),
       subscribe: makeSubscribe(connection, resolved),
       isConnected: Effect.sync(() => connection.current() !== undefined),
+      messaging: { system: "rabbitmq", destination: resolved.exchange },
     })
   })
 

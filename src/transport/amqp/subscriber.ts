@@ -16,76 +16,18 @@ import type {
 } from "../../ports/Transport.ts"
 import type { ResolvedConfig } from "./config.ts"
 import { ConfirmPublisher } from "./confirms.ts"
+import { type Connection, openConfirmChannel, openPlainChannel, rpc, transportError } from "./connection.ts"
 import {
-  type Connection,
-  isPreconditionFailed,
-  openConfirmChannel,
-  openPlainChannel,
-  rpc,
-  transportError,
-} from "./connection.ts"
+  consumerTopology,
+  deadQueueName,
+  declareConsumerTopology,
+  delayQueueName,
+  queueName,
+} from "./topology.ts"
 import { deadLetterReason, decodeDelivery, retryCopyOptions } from "./wire.ts"
 
-/** The queue a consumer owns. */
-export const queueName = (consumer: string): string => `txbox.${consumer}`
-
-/**
- * Where RabbitMQ moves a message of `txbox.<consumer>` that came back to it
- * more than the delivery limit allows (or that the queue otherwise
- * dead-letters). The subscription consumes it too, and the inbox records each
- * such message as a dead row: the broker never drops one silently.
- */
-export const deadQueueName = (consumer: string): string => `${queueName(consumer)}.dead`
-
-/**
- * The arguments of a consumer queue: its delivery limit (quorum only) and its
- * dead-letter target, the dead queue.
- */
-export const consumerQueueArguments = (
-  consumer: string,
-  config: Pick<ResolvedConfig, "queueType" | "deliveryLimit">,
-): Record<string, unknown> =>
-  config.queueType === "quorum"
-    ? {
-        "x-queue-type": "quorum",
-        "x-delivery-limit": config.deliveryLimit,
-        "x-dead-letter-exchange": "",
-        "x-dead-letter-routing-key": deadQueueName(consumer),
-        // At-least-once dead-lettering needs reject-publish overflow (RabbitMQ ≥ 3.10).
-        "x-dead-letter-strategy": "at-least-once",
-        "x-overflow": "reject-publish",
-      }
-    : {
-        "x-queue-type": "classic",
-        "x-dead-letter-exchange": "",
-        "x-dead-letter-routing-key": deadQueueName(consumer),
-      }
-
-/**
- * The dead queue's own delivery limit: high, but explicit, because RabbitMQ
- * 4.x would give it 20 and drop at it (the dead queue has no dead-letter
- * target). Its messages only come back while the inbox's database is away.
- */
-const DEAD_QUEUE_DELIVERY_LIMIT = 1_000_000
-
-/**
- * The delay queue for messages whose attempt number `attempt` failed.
- *
- * RabbitMQ expires per-message TTLs only at the head of a queue, so in a single
- * delay queue a 5-minute retry would hold back a 1-second one queued behind it.
- * Retry delays grow with the attempt number (exponential backoff, ±20 %
- * jitter), so messages that share an attempt number have similar delays: one
- * queue per attempt number keeps that head-of-line wait within the jitter.
- *
- * Delay queues are quorum queues with at-least-once dead-lettering: a classic
- * queue dead-letters at most once, and an expiry that meets the main queue
- * unavailable (a broker restart) dropped the message — the soak lost 196 of
- * 26,224 that way. (`.delay.N`, not the classic `.retry.N` of earlier
- * versions, which RabbitMQ would refuse to redeclare with these arguments;
- * the old ones drain and expire by themselves.)
- */
-export const delayQueueName = (consumer: string, attempt: number): string =>
-  `${queueName(consumer)}.delay.${attempt}`
+// The names and arguments live with the rest of the topology; re-exported for `txbox/amqp`.
+export { consumerQueueArguments, deadQueueName, delayQueueName, queueName } from "./topology.ts"
 
 /** A handler that dies is retried after this long (it is a bug, not a transient failure). */
 const DEFECT_RETRY: DeliveryDecision = { _tag: "Retry", delayMs: 5_000 }
@@ -178,47 +120,18 @@ export const makeSubscribe = (
       })
 
     /**
-     * The consumer queue with its dead-letter target and delivery limit, and
-     * the dead queue. A queue declared by an earlier txbox without them cannot
-     * be redeclared with them (406, which closes the channel: a short-lived
-     * one here); it is used as it is, with a warning that says how to add them.
+     * The exchange, the consumer queue with its dead-letter target and delivery
+     * limit, the dead queue and the bindings (topology.ts; the same as
+     * `declareTopology`). A queue declared by an earlier txbox without those
+     * arguments cannot be redeclared with them; it is used as it is, with a
+     * warning that says how to add them.
      */
     let warnedLegacy = false
-    const queueArguments = consumerQueueArguments(options.consumer, config)
-    const declareConsumerQueues = (live: NonNullable<ReturnType<Connection["current"]>>) =>
+    const topology = consumerTopology(options.consumer, options.types, config)
+    const declareTopology = (live: NonNullable<ReturnType<Connection["current"]>>) =>
       Effect.gen(function* () {
-        yield* Effect.scopedWith((scope) =>
-          Effect.gen(function* () {
-            const channel = yield* openPlainChannel(live, scope, { highWaterMark: 16, timeoutMs, operation })
-            yield* rpc(operation, timeoutMs, () =>
-              channel.assertQueue(deadQueueName(options.consumer), {
-                durable: true,
-                arguments:
-                  config.queueType === "quorum"
-                    ? { "x-queue-type": "quorum", "x-delivery-limit": DEAD_QUEUE_DELIVERY_LIMIT }
-                    : { "x-queue-type": "classic" },
-              }),
-            )
-          }),
-        )
-        const declared = yield* Effect.exit(
-          Effect.scopedWith((scope) =>
-            Effect.gen(function* () {
-              const channel = yield* openPlainChannel(live, scope, {
-                highWaterMark: 16,
-                timeoutMs,
-                operation,
-              })
-              yield* rpc(operation, timeoutMs, () =>
-                channel.assertQueue(queue, { durable: true, arguments: queueArguments }),
-              )
-            }),
-          ),
-        )
-        if (Exit.isSuccess(declared)) return
-        const error = Cause.squash(declared.cause)
-        if (!isPreconditionFailed(error)) return yield* Effect.failCause(declared.cause)
-        if (warnedLegacy) return
+        const { legacyQueue } = yield* declareConsumerTopology(live, topology, { timeoutMs, operation })
+        if (!legacyQueue || warnedLegacy) return
         warnedLegacy = true
         yield* Effect.logWarning(
           `txbox amqp: queue ${queue} exists without txbox's dead-letter target and delivery limit ` +
@@ -376,13 +289,7 @@ export const makeSubscribe = (
           },
         )
         const { channel, lost } = generation
-        yield* rpc(operation, timeoutMs, () =>
-          channel.assertExchange(config.exchange, "topic", { durable: true }),
-        )
-        yield* declareConsumerQueues(live)
-        for (const type of options.types) {
-          yield* rpc(operation, timeoutMs, () => channel.bindQueue(queue, config.exchange, type))
-        }
+        yield* declareTopology(live)
         yield* rpc(operation, timeoutMs, () => channel.prefetch(options.prefetch))
         const reply = yield* rpc(operation, timeoutMs, () =>
           channel.consume(
