@@ -15,6 +15,7 @@ import { defaultExport, loadDriver } from "../drivers.ts"
 import type { ConfigError, StoreError } from "../Errors.ts"
 import type { DatabaseShape } from "../ports/Database.ts"
 import { PING_PAYLOAD, watchedListen } from "./listenWatchdog.ts"
+import { holdLostConnectionGuard } from "./lostConnectionRejections.ts"
 import { relisten, relistenForever, type ValidConnection } from "./postgresCommon.ts"
 import { PostgresJsDialect, type PostgresJsPool } from "./postgresJsDialect.ts"
 import { makeRenewingClient } from "./renewingPostgresJs.ts"
@@ -36,6 +37,8 @@ export const open = (
     const driver = defaultExport<typeof postgres>(
       yield* loadDriver({ name: "postgres", entry, load: () => import("postgres") }),
     )
+    // postgres.js can reject a promise nobody holds when a new connection dies (see the module).
+    yield* Effect.acquireRelease(Effect.sync(holdLostConnectionGuard), (release) => Effect.sync(release))
     // A fresh pool after any connection closes, and no statement on a closed connection (see the module).
     const client = makeRenewingClient(
       (onclose) =>
