@@ -86,6 +86,16 @@ const startInbox = (
     ),
   )
 
+/** A relay on the test database publishing to `exchange`. */
+const startRelay = (exchange: string, config: Relay.RelayConfig = { pollInterval: "100 millis" }) =>
+  ManagedRuntime.make(
+    Relay.layer(config).pipe(
+      Layer.provide(
+        Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+      ),
+    ),
+  )
+
 describe("per-key order, end to end", () => {
   test("60 keys × 10 messages from concurrent transactions, 2 relay workers, 2 consumers, failures and duplicates: each key in commit order, once", async () => {
     const exchange = uniqueName("ordering-e2e")
@@ -97,13 +107,7 @@ describe("per-key order, end to end", () => {
     // Two consumer processes' worth of inboxes, started first so the queue exists.
     const inboxes = [0, 1].map(() => startInbox(exchange, consumer, { failRate: 0.2 }))
     await Promise.all(inboxes.map((r) => r.runPromise(Effect.void)))
-    const relay = ManagedRuntime.make(
-      Relay.layer({ workers: 2, batchSize: 50, pollInterval: "100 millis" }).pipe(
-        Layer.provide(
-          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
-        ),
-      ),
-    )
+    const relay = startRelay(exchange, { workers: 2, batchSize: 50, pollInterval: "100 millis" })
     const producers = ManagedRuntime.make(storeLayer(t.url, { poolSize: 16 }))
     try {
       await relay.runPromise(Effect.void)
@@ -231,13 +235,7 @@ describe("per-key order, end to end", () => {
     const consumer = uniqueName("ordering-poison")
     let fixed = false
     const inbox = startInbox(exchange, consumer, { refuse: (label) => label === "P#3" && !fixed })
-    const relay = ManagedRuntime.make(
-      Relay.layer({ pollInterval: "100 millis" }).pipe(
-        Layer.provide(
-          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
-        ),
-      ),
-    )
+    const relay = startRelay(exchange)
     try {
       await inbox.runPromise(Effect.void)
       await relay.runPromise(Effect.void)
@@ -308,13 +306,7 @@ describe("per-key order, end to end", () => {
     const consumer = uniqueName("ordering-notify")
     // A poll no test waits for: only the processor's LISTEN can pick the stored row up in time.
     const inbox = startInbox(exchange, consumer, { pollInterval: "1 hour" })
-    const relay = ManagedRuntime.make(
-      Relay.layer({ pollInterval: "100 millis" }).pipe(
-        Layer.provide(
-          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
-        ),
-      ),
-    )
+    const relay = startRelay(exchange)
     try {
       await inbox.runPromise(Effect.void)
       await relay.runPromise(Effect.void)
@@ -350,13 +342,7 @@ describe("per-key order, end to end", () => {
       refuse: (label) => label === "P#3",
       onOrderedDead: "skip",
     })
-    const relay = ManagedRuntime.make(
-      Relay.layer({ pollInterval: "100 millis" }).pipe(
-        Layer.provide(
-          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
-        ),
-      ),
-    )
+    const relay = startRelay(exchange)
     try {
       await inbox.runPromise(Effect.void)
       await relay.runPromise(Effect.void)
