@@ -20,23 +20,8 @@
  * Like Kysely's dialect configs, this one declares only the method it calls
  * (`query`), so the dialect module imports nothing from PGlite.
  */
-import {
-  CompiledQuery,
-  type DatabaseConnection,
-  type DatabaseIntrospector,
-  type Dialect,
-  type DialectAdapter,
-  type Driver,
-  IdentifierNode,
-  type Kysely,
-  PostgresAdapter,
-  PostgresIntrospector,
-  PostgresQueryCompiler,
-  type QueryCompiler,
-  type QueryResult,
-  RawNode,
-  type TransactionSettings,
-} from "kysely"
+import type { CompiledQuery, DatabaseConnection, Driver, QueryResult } from "kysely"
+import { PostgresDialectBase, PostgresSessionDriver } from "./postgresDialectParts.ts"
 
 /** The part of a PGlite instance (or `PGliteWorker`) the driver uses. */
 export interface PgliteClient {
@@ -138,16 +123,14 @@ class PgliteConnection implements DatabaseConnection {
   }
 }
 
-const savepointCommand = (command: string, name: string) =>
-  RawNode.createWithChildren([RawNode.createWithSql(`${command} `), IdentifierNode.create(name)])
-
-class PgliteDriver implements Driver {
+class PgliteDriver extends PostgresSessionDriver {
   readonly #config: PgliteDialectConfig
   #connection: PgliteConnection | undefined
   #mutex: Mutex | undefined
   #destroyed = false
 
   constructor(config: PgliteDialectConfig) {
+    super()
     this.#config = config
   }
 
@@ -170,48 +153,6 @@ class PgliteDriver implements Driver {
     return this.#connection
   }
 
-  async beginTransaction(connection: DatabaseConnection, settings: TransactionSettings): Promise<void> {
-    let statement = "begin"
-    if (settings.isolationLevel || settings.accessMode) {
-      statement = "start transaction"
-      if (settings.isolationLevel) statement += ` isolation level ${settings.isolationLevel}`
-      if (settings.accessMode) statement += ` ${settings.accessMode}`
-    }
-    await connection.executeQuery(CompiledQuery.raw(statement))
-  }
-
-  async commitTransaction(connection: DatabaseConnection): Promise<void> {
-    await connection.executeQuery(CompiledQuery.raw("commit"))
-  }
-
-  async rollbackTransaction(connection: DatabaseConnection): Promise<void> {
-    await connection.executeQuery(CompiledQuery.raw("rollback"))
-  }
-
-  async savepoint(
-    connection: DatabaseConnection,
-    name: string,
-    compileQuery: QueryCompiler["compileQuery"],
-  ): Promise<void> {
-    await connection.executeQuery(compileQuery(savepointCommand("savepoint", name), { queryId: name }))
-  }
-
-  async rollbackToSavepoint(
-    connection: DatabaseConnection,
-    name: string,
-    compileQuery: QueryCompiler["compileQuery"],
-  ): Promise<void> {
-    await connection.executeQuery(compileQuery(savepointCommand("rollback to", name), { queryId: name }))
-  }
-
-  async releaseSavepoint(
-    connection: DatabaseConnection,
-    name: string,
-    compileQuery: QueryCompiler["compileQuery"],
-  ): Promise<void> {
-    await connection.executeQuery(compileQuery(savepointCommand("release", name), { queryId: name }))
-  }
-
   async releaseConnection(_connection: DatabaseConnection): Promise<void> {
     this.#mutex?.unlock()
   }
@@ -225,27 +166,15 @@ class PgliteDriver implements Driver {
 }
 
 /** `new Kysely({ dialect: new PgliteDialect({ pglite }) })`. Destroying the Kysely leaves PGlite open. */
-export class PgliteDialect implements Dialect {
+export class PgliteDialect extends PostgresDialectBase {
   readonly #config: PgliteDialectConfig
 
   constructor(config: PgliteDialectConfig) {
+    super()
     this.#config = config
   }
 
   createDriver(): Driver {
     return new PgliteDriver(this.#config)
-  }
-
-  createQueryCompiler(): QueryCompiler {
-    return new PostgresQueryCompiler()
-  }
-
-  createAdapter(): DialectAdapter {
-    return new PostgresAdapter()
-  }
-
-  // biome-ignore lint/suspicious/noExplicitAny: the Dialect interface's own signature
-  createIntrospector(db: Kysely<any>): DatabaseIntrospector {
-    return new PostgresIntrospector(db)
   }
 }

@@ -6,23 +6,8 @@
  * so `txbox/postgres-js` needs `postgres` alone. Like Kysely's own dialect
  * configs it declares only the methods it calls, and imports no driver.
  */
-import {
-  CompiledQuery,
-  type DatabaseConnection,
-  type DatabaseIntrospector,
-  type Dialect,
-  type DialectAdapter,
-  type Driver,
-  IdentifierNode,
-  type Kysely,
-  PostgresAdapter,
-  PostgresIntrospector,
-  PostgresQueryCompiler,
-  type QueryCompiler,
-  type QueryResult,
-  RawNode,
-  type TransactionSettings,
-} from "kysely"
+import type { CompiledQuery, DatabaseConnection, Driver, QueryResult } from "kysely"
+import { PostgresDialectBase, PostgresSessionDriver } from "./postgresDialectParts.ts"
 
 /** A reserved postgres.js connection, as far as the driver uses it. */
 export interface PostgresJsReserved {
@@ -77,13 +62,11 @@ class PostgresJsConnection implements DatabaseConnection {
   }
 }
 
-const savepointCommand = (command: string, name: string) =>
-  RawNode.createWithChildren([RawNode.createWithSql(`${command} `), IdentifierNode.create(name)])
-
-class PostgresJsDriver implements Driver {
+class PostgresJsDriver extends PostgresSessionDriver {
   readonly #pool: PostgresJsPool
 
   constructor(config: PostgresJsDialectConfig) {
+    super()
     this.#pool = config.postgres
   }
 
@@ -91,48 +74,6 @@ class PostgresJsDriver implements Driver {
 
   async acquireConnection(): Promise<DatabaseConnection> {
     return new PostgresJsConnection(await this.#pool.reserve())
-  }
-
-  async beginTransaction(connection: DatabaseConnection, settings: TransactionSettings): Promise<void> {
-    let statement = "begin"
-    if (settings.isolationLevel || settings.accessMode) {
-      statement = "start transaction"
-      if (settings.isolationLevel) statement += ` isolation level ${settings.isolationLevel}`
-      if (settings.accessMode) statement += ` ${settings.accessMode}`
-    }
-    await connection.executeQuery(CompiledQuery.raw(statement))
-  }
-
-  async commitTransaction(connection: DatabaseConnection): Promise<void> {
-    await connection.executeQuery(CompiledQuery.raw("commit"))
-  }
-
-  async rollbackTransaction(connection: DatabaseConnection): Promise<void> {
-    await connection.executeQuery(CompiledQuery.raw("rollback"))
-  }
-
-  async savepoint(
-    connection: DatabaseConnection,
-    name: string,
-    compileQuery: QueryCompiler["compileQuery"],
-  ): Promise<void> {
-    await connection.executeQuery(compileQuery(savepointCommand("savepoint", name), { queryId: name }))
-  }
-
-  async rollbackToSavepoint(
-    connection: DatabaseConnection,
-    name: string,
-    compileQuery: QueryCompiler["compileQuery"],
-  ): Promise<void> {
-    await connection.executeQuery(compileQuery(savepointCommand("rollback to", name), { queryId: name }))
-  }
-
-  async releaseSavepoint(
-    connection: DatabaseConnection,
-    name: string,
-    compileQuery: QueryCompiler["compileQuery"],
-  ): Promise<void> {
-    await connection.executeQuery(compileQuery(savepointCommand("release", name), { queryId: name }))
   }
 
   async releaseConnection(connection: DatabaseConnection): Promise<void> {
@@ -145,27 +86,15 @@ class PostgresJsDriver implements Driver {
 }
 
 /** `new Kysely({ dialect: new PostgresJsDialect({ postgres: postgres(url) }) })`. Destroying the Kysely ends the pool. */
-export class PostgresJsDialect implements Dialect {
+export class PostgresJsDialect extends PostgresDialectBase {
   readonly #config: PostgresJsDialectConfig
 
   constructor(config: PostgresJsDialectConfig) {
+    super()
     this.#config = config
   }
 
   createDriver(): Driver {
     return new PostgresJsDriver(this.#config)
-  }
-
-  createQueryCompiler(): QueryCompiler {
-    return new PostgresQueryCompiler()
-  }
-
-  createAdapter(): DialectAdapter {
-    return new PostgresAdapter()
-  }
-
-  // biome-ignore lint/suspicious/noExplicitAny: the Dialect interface's own signature
-  createIntrospector(db: Kysely<any>): DatabaseIntrospector {
-    return new PostgresIntrospector(db)
   }
 }

@@ -147,16 +147,31 @@ const foreignPublisher = async (exchange: string) => {
 }
 
 /** Lets a late duplicate (wrongly) apply before the counts are taken. */
+/** A consumer and a relay on a fresh exchange for `body`, disposed after it. */
+const withPipeline = async (
+  exchangePrefix: string,
+  consumerPrefix: string,
+  mode: Inbox.InboxConfig["mode"],
+  body: (names: { readonly exchange: string; readonly consumer: string }) => Promise<void>,
+) => {
+  const exchange = uniqueName(exchangePrefix)
+  const consumer = uniqueName(consumerPrefix)
+  const inbox = await startConsumer(exchange, consumer, mode)
+  const relay = await startRelay(exchange)
+  try {
+    await body({ exchange, consumer })
+  } finally {
+    await relay.dispose()
+    await inbox.dispose()
+  }
+}
+
 const settle = () => Bun.sleep(500)
 
 describe("producers and a consumer on different versions", () => {
   for (const mode of ["idempotent", "store-then-process"] as const) {
     test(`${mode}: a v1 producer's message reaches the v2 handler upcast, once`, async () => {
-      const exchange = uniqueName(`contracts-v1-${mode}`)
-      const consumer = uniqueName(`v1-${mode}`)
-      const inbox = await startConsumer(exchange, consumer, mode)
-      const relay = await startRelay(exchange)
-      try {
+      await withPipeline(`contracts-v1-${mode}`, `v1-${mode}`, mode, async ({ consumer }) => {
         const id = await produce(OrderPlacedV1, { orderId: "o-1", total: 12.5, currency: "USD" })
         await eventually("the v2 handler ran", async () => (await effectsOf(consumer)).length === 1)
         await settle()
@@ -165,37 +180,23 @@ describe("producers and a consumer on different versions", () => {
         ])
         // The inbox keeps the message as it was sent: version 1.
         expect((await inboxRows(consumer)).map((r) => [r.status, r.version])).toEqual([["processed", 1]])
-      } finally {
-        await relay.dispose()
-        await inbox.dispose()
-      }
+      })
     })
   }
 
   test("a v2 producer's message reaches the v2 handler as it is", async () => {
-    const exchange = uniqueName("contracts-v2")
-    const consumer = uniqueName("v2")
-    const inbox = await startConsumer(exchange, consumer)
-    const relay = await startRelay(exchange)
-    try {
+    await withPipeline("contracts-v2", "v2", "idempotent", async ({ consumer }) => {
       const id = await produce(OrderPlacedV2, { orderId: "o-2", total: { amount: 3, currency: "EUR" } })
       await eventually("the v2 handler ran", async () => (await effectsOf(consumer)).length === 1)
       expect(await effectsOf(consumer)).toEqual([
         { id, version: 2, payload: { orderId: "o-2", total: { amount: 3, currency: "EUR" } } },
       ])
       expect((await inboxRows(consumer)).map((r) => [r.status, r.version])).toEqual([["processed", 2]])
-    } finally {
-      await relay.dispose()
-      await inbox.dispose()
-    }
+    })
   })
 
   test("a v3 producer's message is refused by the v2 consumer: a dead row saying to upgrade it; v1 and v2 still flow", async () => {
-    const exchange = uniqueName("contracts-v3")
-    const consumer = uniqueName("v3")
-    const inbox = await startConsumer(exchange, consumer)
-    const relay = await startRelay(exchange)
-    try {
+    await withPipeline("contracts-v3", "v3", "idempotent", async ({ consumer }) => {
       const newer = await produce(OrderPlacedV3, {
         orderId: "o-3",
         total: { amount: 1, currency: "EUR" },
@@ -214,18 +215,11 @@ describe("producers and a consumer on different versions", () => {
           "orders.order-placed@3 is newer than this consumer handles (@2): upgrade the consumer first",
       })
       expect((await effectsOf(consumer)).map((e) => e.id)).toEqual([older])
-    } finally {
-      await relay.dispose()
-      await inbox.dispose()
-    }
+    })
   })
 
   test("an @1 message that the upcast turns into an invalid @2 is a dead row naming the upcast", async () => {
-    const exchange = uniqueName("contracts-bad-upcast")
-    const consumer = uniqueName("bad-upcast")
-    const inbox = await startConsumer(exchange, consumer)
-    const relay = await startRelay(exchange)
-    try {
+    await withPipeline("contracts-bad-upcast", "bad-upcast", "idempotent", async ({ consumer }) => {
       // Valid @1 (any total), invalid @2 (amount must be >= 0).
       const id = await produce(OrderPlacedV1, { orderId: "o-5", total: -5, currency: "EUR" })
       await eventually("a dead row", async () => (await inboxRows(consumer)).some((r) => r.status === "dead"))
@@ -235,10 +229,7 @@ describe("producers and a consumer on different versions", () => {
         "invalid payload for orders.order-placed@v2 (upcast from @v1): total.amount: Invalid value: Expected >=0",
       )
       expect(await effectsOf(consumer)).toEqual([])
-    } finally {
-      await relay.dispose()
-      await inbox.dispose()
-    }
+    })
   })
 })
 
