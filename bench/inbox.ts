@@ -1,8 +1,11 @@
 // Inbox throughput: a consumer queue pre-filled with N bench messages, drained by a txbox Inbox in
 // idempotent mode and in store-then-process mode, and by a raw amqplib consume + ack (the ceiling)
-// on the same queue. The handler does nothing, so the figures are the inbox's own cost.
+// on the same queue. The handler writes one business row through the inbox's transaction (what
+// the issue's goal names: a one-row handler), so the figures are the inbox's own cost plus one
+// INSERT.
 //
 //   bun bench/inbox.ts [--quick] [--messages 50000] [--prefetch 32] [--queue quorum|classic]
+//                      [--transactions 4] [--concurrency 4]
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import { sql } from "kysely"
 import * as Inbox from "../src/Inbox.ts"
@@ -32,6 +35,10 @@ const config = {
   prefetch: args.number("prefetch", 32),
   /** Store-then-process: rows per processor claim (the Inbox default). */
   batchSize: args.number("batch", 100),
+  /** Idempotent mode: inbox transactions at once (the Inbox default). */
+  transactions: args.number("transactions", 4),
+  /** Store-then-process: processor transactions at once (the Inbox default). */
+  concurrency: args.number("concurrency", 4),
   queueType: args.string("queue", "quorum") as QueueType,
 }
 
@@ -71,6 +78,7 @@ main(() =>
       log(`queue pre-filled with ${n} messages in ${Math.round(performance.now() - started)} ms`)
     }
     const runs: Run[] = []
+    await sql`CREATE TABLE orders_seen (id text PRIMARY KEY, total numeric NOT NULL)`.execute(bench.db)
     try {
       await prefill()
       let before = meter.sample()
@@ -84,7 +92,7 @@ main(() =>
       log(`raw consume: ${Math.round(raw.rate)} msg/s`)
 
       for (const mode of ["idempotent", "store-then-process"] as const) {
-        await sql`TRUNCATE txbox.inbox`.execute(bench.db)
+        await sql`TRUNCATE txbox.inbox, orders_seen`.execute(bench.db)
         await prefill()
         const runtime = ManagedRuntime.make(
           Layer.mergeAll(
@@ -108,7 +116,17 @@ main(() =>
               mode,
               prefetch: config.prefetch,
               batchSize: config.batchSize,
-              handlers: [Inbox.handler(OrderPlaced, () => Effect.void)],
+              transactions: config.transactions,
+              processorConcurrency: config.concurrency,
+              handlers: [
+                Inbox.handler(OrderPlaced, ({ payload, envelope, trx }) =>
+                  Effect.promise(() =>
+                    sql`INSERT INTO orders_seen (id, total) VALUES (${envelope.id}, ${payload.total})`.execute(
+                      trx,
+                    ),
+                  ),
+                ),
+              ],
             }).pipe(Scope.provide(scope)),
           )
           let storedAt: number | undefined
@@ -143,7 +161,7 @@ main(() =>
 
       const ceiling = runs[0]!.rate
       printTable(
-        `Inbox throughput, ${n.toLocaleString("en-US")} messages pre-filled in a ${config.queueType} queue, prefetch ${config.prefetch}, no-op handler (CPU per message, and in cores)`,
+        `Inbox throughput, ${n.toLocaleString("en-US")} messages pre-filled in a ${config.queueType} queue, prefetch ${config.prefetch}, one-row handler, ${config.transactions} inbox transactions / ${config.concurrency} processor transactions at once (CPU per message, and in cores)`,
         [
           "consumer",
           "msg/s",

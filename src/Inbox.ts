@@ -45,6 +45,14 @@ export interface InboxConfig {
   readonly mode?: "idempotent" | "store-then-process"
   /** Deliveries in flight at once. @default 32 */
   readonly prefetch?: number
+  /**
+   * Idempotent mode: inbox transactions open at once. Deliveries that arrive
+   * while all are busy wait and share the next one (one insert for their
+   * rows, their handlers one after another): under load, fewer transactions
+   * for the same work. Raise it for handlers that spend their time waiting
+   * (on I/O, on locks). @default 4
+   */
+  readonly transactions?: number
   /** Handler retries: backoff and `maxAttempts` (handler runs) before a message is dead. @default defaultRetryPolicy */
   readonly retry?: Partial<RetryPolicy>
   /** Processor: rows claimed per cycle. @default 100 */
@@ -108,6 +116,7 @@ export interface ResolvedInboxConfig {
   readonly consumer: string
   readonly mode: "idempotent" | "store-then-process"
   readonly prefetch: number
+  readonly transactions: number
   readonly batchSize: number
   readonly concurrency: number
   readonly leaseMs: number
@@ -141,6 +150,7 @@ export const resolveConfig = (c: InboxConfig): Effect.Effect<ResolvedInboxConfig
       consumer: c.consumer,
       mode: config.oneOf("inbox mode", c.mode, "idempotent", ["idempotent", "store-then-process"]),
       prefetch: config.integer("inbox prefetch", c.prefetch, 32, 1, 10_000),
+      transactions: config.integer("inbox transactions", c.transactions, 4, 1, 1_000),
       batchSize: config.integer("inbox batchSize", c.batchSize, 100, 1, 10_000),
       concurrency: config.integer("inbox processorConcurrency", c.processorConcurrency, 4, 1, 256),
       leaseMs,
@@ -169,6 +179,7 @@ export const make = (
       handlers: indexHandlers(inboxConfig.handlers),
       retry: c.retry,
       handlerTimeoutMs: c.handlerTimeoutMs,
+      transactions: c.transactions,
       counters,
       afterCommit: inboxConfig.afterCommit,
       messaging: transport.messaging,

@@ -1,9 +1,12 @@
 /**
- * Collects concurrent submissions into one call: the first submission opens
- * a batch, everything submitted before the current flush finishes joins the
- * next one. With `prefetch` deliveries in flight, that is one INSERT for many.
- * The flush answers per item, so one item the database refuses does not fail
- * the others.
+ * Collects concurrent submissions into one call. With no limit, the items
+ * submitted in the same tick share a flush (the store-then-process INSERT).
+ * With `concurrency`, at most that many flushes run at once, what waits is
+ * spread over the free ones, and everything submitted while they are all
+ * busy waits for the next (up to `maxSize` items each): under light load
+ * each item is flushed alone at once, under load the batches grow by
+ * themselves. The flush answers per item, so
+ * one item the database refuses does not fail the others.
  */
 import { Effect } from "effect"
 
@@ -15,38 +18,82 @@ export interface Batcher<I, O, E> {
   readonly submit: (item: I) => Effect.Effect<O, E>
 }
 
+export interface BatcherOptions {
+  /** Flushes running at once. @default Infinity */
+  readonly concurrency?: number
+  /** Items in one flush at most. @default Infinity */
+  readonly maxSize?: number
+}
+
+interface Waiting<I, O, E> {
+  readonly item: I
+  // biome-ignore lint/suspicious/noExplicitAny: the submitter's context, whatever it holds
+  readonly context: any
+  readonly resume: (result: Effect.Effect<O, E>) => void
+}
+
 export const makeBatcher = <I, O, E>(
   flush: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<ItemResult<O, E>>, E>,
+  options: BatcherOptions = {},
 ): Batcher<I, O, E> => {
-  let batch: { items: I[]; done: Promise<ReadonlyArray<ItemResult<O, E>>> } | undefined
-  const submit = (item: I): Effect.Effect<O, E> =>
-    Effect.flatMap(Effect.context<never>(), (context) => {
-      if (!batch) {
-        const items: I[] = []
-        // The flush runs in the context of the submission that opened the batch (its Clock, its
-        // tracer), not in a bare runtime.
-        const done = Promise.resolve().then(async () => {
-          batch = undefined
-          const exit = await Effect.runPromiseWith(context)(Effect.result(flush(items)))
-          return exit._tag === "Success"
-            ? exit.success
-            : items.map((): ItemResult<O, E> => ({ ok: false, error: exit.failure }))
-        })
-        batch = { items, done }
-      }
-      const index = batch.items.push(item) - 1
-      const { done } = batch
-      return Effect.flatMap(
-        Effect.promise(() => done),
-        (results) => {
-          const r = results[index]
-          return r === undefined
-            ? Effect.die(new Error("batcher: no result for an item"))
-            : r.ok
-              ? Effect.succeed(r.value)
-              : Effect.fail(r.error)
-        },
-      )
+  const concurrency = options.concurrency ?? Number.POSITIVE_INFINITY
+  const maxSize = options.maxSize ?? Number.POSITIVE_INFINITY
+  let queue: Array<Waiting<I, O, E>> = []
+  let running = 0
+  let scheduled = false
+
+  const start = (batch: ReadonlyArray<Waiting<I, O, E>>) => {
+    running++
+    const items = batch.map((w) => w.item)
+    // The flush runs in the context of the batch's first submission (its Clock, its tracer),
+    // not in a bare runtime. `exit` never rejects: a defect reaches every item as it is.
+    void Effect.runPromiseWith(batch[0]?.context)(Effect.exit(flush(items))).then((exit) => {
+      running--
+      batch.forEach((w, i) => {
+        const r = exit._tag === "Success" ? exit.value[i] : undefined
+        w.resume(
+          exit._tag === "Failure"
+            ? Effect.failCause(exit.cause)
+            : r === undefined
+              ? Effect.die(new Error("batcher: no result for an item"))
+              : r.ok
+                ? Effect.succeed(r.value)
+                : Effect.fail(r.error),
+        )
+      })
+      pump()
     })
+  }
+
+  // Deferred to a microtask, so that submissions of the same tick share a batch.
+  const pump = () => {
+    if (scheduled) return
+    scheduled = true
+    queueMicrotask(() => {
+      scheduled = false
+      while (running < concurrency && queue.length > 0) {
+        // With a limit, what waits is spread over the free flushes: items share one only when
+        // there are more of them than free flushes.
+        const free = concurrency - running
+        const size = Math.min(maxSize, Number.isFinite(free) ? Math.ceil(queue.length / free) : queue.length)
+        start(queue.slice(0, size))
+        queue = queue.slice(size)
+      }
+    })
+  }
+
+  const submit = (item: I): Effect.Effect<O, E> =>
+    Effect.flatMap(Effect.context<never>(), (context) =>
+      Effect.callback<O, E>((resume) => {
+        const waiting: Waiting<I, O, E> = { item, context, resume }
+        queue.push(waiting)
+        pump()
+        // Interrupted before its batch started: it never runs. Once started, the batch runs to
+        // its end (a transaction shared with others) and the answer goes nowhere.
+        return Effect.sync(() => {
+          queue = queue.filter((w) => w !== waiting)
+        })
+      }),
+    )
   return { submit }
 }

@@ -4,7 +4,9 @@
  *
  * - idempotent: one transaction inserts the inbox row (the key is the dedupe)
  *   and runs the handler; commit, then ack. A duplicate finds the row and is
- *   acked without running the handler.
+ *   acked without running the handler. Under load, deliveries share a
+ *   transaction (one insert for their rows, handlers in turn), with a
+ *   transaction each as the fallback when one of them fails.
  * - store-then-process: persist the delivery (batched with concurrent ones)
  *   and ack; the processor (`inboxProcessor.ts`) runs the handler later.
  *
@@ -14,15 +16,16 @@
  */
 import { Effect, Metric } from "effect"
 import type { Registry } from "../Contract.ts"
-import type { StoreError } from "../Errors.ts"
+import { StoreError } from "../Errors.ts"
 import * as Metrics from "../Metrics.ts"
 import type { InboxRow, InboxStoreShape } from "../ports/InboxStore.ts"
 import type { Delivery, DeliveryDecision, MessagingIdentity } from "../ports/Transport.ts"
 import type { RetryPolicy } from "../Retry.ts"
 import { makeBatcher } from "./batcher.ts"
 import { bounded } from "./bounded.ts"
-import { decodeDelivery, type HandlerIndex, positionOfDelivery } from "./decodeDelivery.ts"
+import { type Decoded, decodeDelivery, type HandlerIndex, positionOfDelivery } from "./decodeDelivery.ts"
 import { HandlerFailed, runHandler } from "./handler.ts"
+import { FailedAt, runShared } from "./sharedTransaction.ts"
 import { storableRow } from "./storable.ts"
 import { type Failure, outage, permanent, transient, verdictFor } from "./verdict.ts"
 
@@ -53,6 +56,8 @@ export interface InboxParts {
   readonly retry: RetryPolicy
   /** How long a handler may run before it counts as failed. */
   readonly handlerTimeoutMs: number
+  /** Idempotent mode: inbox transactions open at once; deliveries arriving while all are busy share the next. */
+  readonly transactions: number
   readonly counters: InboxCounters
   /** Runs after the inbox transaction committed and before the broker ack. */
   readonly afterCommit: ((delivery: Delivery) => Effect.Effect<void>) | undefined
@@ -74,6 +79,10 @@ export const failureOf = (error: HandlerFailed | StoreError): Failure => {
   return transient(error.message)
 }
 
+/** Our own database away: every message of a shared transaction is retried as it is. */
+export const isOutage = (error: HandlerFailed | StoreError): boolean =>
+  error instanceof StoreError && error.retryable
+
 const ACK: DeliveryDecision = { _tag: "Ack" }
 
 /**
@@ -83,6 +92,12 @@ const ACK: DeliveryDecision = { _tag: "Ack" }
  * delivery is retried as an outage.
  */
 export const STATEMENTS_MS = 10_000
+
+/** Deliveries handled in one transaction at most (idempotent mode). */
+const MAX_TOGETHER = 64
+
+type Ready = Extract<Decoded, { readonly _tag: "Ok" }>
+type Handled = "processed" | "duplicate"
 
 export const makeConsumer = (p: InboxParts) => {
   const touch = Effect.clockWith((clock) =>
@@ -166,6 +181,50 @@ export const makeConsumer = (p: InboxParts) => {
       return ACK
     })
 
+  /**
+   * One transaction for deliveries handled together: their rows inserted in
+   * one statement (a key already there is a duplicate), then each new one's
+   * handler in turn. It commits or fails as a whole.
+   */
+  const handleTogether = (
+    items: ReadonlyArray<Ready>,
+  ): Effect.Effect<ReadonlyArray<Handled>, FailedAt<HandlerFailed> | StoreError> =>
+    p.store
+      .transaction((tx) =>
+        Effect.gen(function* () {
+          const fresh =
+            items.length === 1
+              ? [yield* tx.insertProcessed(items[0]!.row)]
+              : yield* tx.insertProcessedAll(items.map((item) => item.row))
+          const outcomes: Handled[] = []
+          for (const [i, item] of items.entries()) {
+            if (fresh[i] !== true) {
+              outcomes.push("duplicate")
+              continue
+            }
+            yield* runHandler(
+              p.consumer,
+              item.handler,
+              item.payload,
+              item.envelope,
+              tx.trx,
+              p.handlerTimeoutMs,
+              p.messaging,
+            ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
+            outcomes.push("processed")
+          }
+          return outcomes
+        }),
+      )
+      .pipe(bounded("Inbox.transaction", p.handlerTimeoutMs * items.length + STATEMENTS_MS))
+
+  // Deliveries that arrive while every transaction is busy share the next one; what one failing
+  // handler does to the others is `sharedTransaction.ts`'s rule.
+  const handleBatcher = makeBatcher<Ready, Handled, HandlerFailed | StoreError>(
+    (items) => runShared(items, handleTogether, isOutage),
+    { concurrency: p.transactions, maxSize: MAX_TOGETHER },
+  )
+
   const idempotent = (delivery: Delivery): Effect.Effect<DeliveryDecision> =>
     Effect.gen(function* () {
       if (delivery.deadLettered !== undefined) return yield* deadLettered(delivery, delivery.deadLettered)
@@ -174,23 +233,7 @@ export const makeConsumer = (p: InboxParts) => {
       if (positionOfDelivery(delivery) !== undefined) return yield* storeThenProcess(delivery)
       const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, delivery.attempt)
       if (decoded._tag === "Bad") return yield* recordDead(decoded.row)
-      const outcome = yield* p.store
-        .transaction((tx) =>
-          Effect.gen(function* () {
-            if (!(yield* tx.insertProcessed(decoded.row))) return "duplicate" as const
-            yield* runHandler(
-              p.consumer,
-              decoded.handler,
-              decoded.payload,
-              decoded.envelope,
-              tx.trx,
-              p.handlerTimeoutMs,
-              p.messaging,
-            )
-            return "processed" as const
-          }),
-        )
-        .pipe(bounded("Inbox.transaction", p.handlerTimeoutMs + STATEMENTS_MS), Effect.result)
+      const outcome = yield* Effect.result(handleBatcher.submit(decoded))
       if (outcome._tag === "Failure")
         return yield* afterFailure(decoded.row, delivery, failureOf(outcome.failure))
       if (outcome.success === "duplicate") {

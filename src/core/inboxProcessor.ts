@@ -1,18 +1,27 @@
 /**
  * One processor batch (store-then-process, and redriven rows in either mode):
- * claim pending rows under a lease, run each handler in its own transaction
- * that also marks the row processed, then record the failures in one
- * statement. The loop around it is `leaseLoop.ts`.
+ * claim pending rows under a lease, share them out among `concurrency`
+ * transactions that each mark their rows processed and run their handlers
+ * (`sharedTransaction.ts` says what one failing row does to the others),
+ * then record the failures in one statement. The loop around it is `leaseLoop.ts`.
  */
 import { Effect, Metric } from "effect"
 import type { StoreError } from "../Errors.ts"
 import * as Metrics from "../Metrics.ts"
 import type { InboxMark, InboxRow, OrderedDeadPolicy } from "../ports/InboxStore.ts"
 import { bounded } from "./bounded.ts"
-import { decodeDelivery, rowAsDelivery } from "./decodeDelivery.ts"
-import { runHandler } from "./handler.ts"
+import { type Decoded, decodeDelivery, rowAsDelivery } from "./decodeDelivery.ts"
+import { type HandlerFailed, runHandler } from "./handler.ts"
 import { holdingLease } from "./heartbeat.ts"
-import { deadInbox, failureOf, type InboxParts, retriedInbox, STATEMENTS_MS } from "./inboxConsumer.ts"
+import {
+  deadInbox,
+  failureOf,
+  type InboxParts,
+  isOutage,
+  retriedInbox,
+  STATEMENTS_MS,
+} from "./inboxConsumer.ts"
+import { FailedAt, runShared } from "./sharedTransaction.ts"
 import { permanent, verdictFor } from "./verdict.ts"
 
 export interface ProcessorSettings {
@@ -23,49 +32,69 @@ export interface ProcessorSettings {
   readonly onOrderedDead: OrderedDeadPolicy
 }
 
+type Ready = { readonly row: InboxRow; readonly decoded: Extract<Decoded, { readonly _tag: "Ok" }> }
+
 export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effect<number, StoreError> => {
   // Rows of ordered keys processed this cycle: each made its key's next row claimable.
   let advancedKeys = 0
-  const processRow = (row: InboxRow, token: string): Effect.Effect<InboxMark | undefined> =>
-    Effect.gen(function* () {
-      const delivery = rowAsDelivery(row)
-      const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, row.attempts)
-      if (decoded._tag === "Bad") {
-        const verdict = verdictFor(row.attempts, permanent(decoded.row.lastError ?? "undecodable"), p.retry)
-        return verdict._tag === "Done" ? undefined : { key: row.key, verdict }
-      }
-      // The stored key is already the dedupe key; keep it whatever the contract computes now.
-      const envelope = { ...decoded.envelope, dedupeKey: row.key }
-      const result = yield* p.store
+
+  /**
+   * One transaction for rows of a claim: marked processed in one statement
+   * (a row the token no longer holds is skipped), then each one's handler in
+   * turn. Commits or fails as a whole; per row, whether it was ours.
+   */
+  const processTogether =
+    (token: string) =>
+    (
+      items: ReadonlyArray<Ready>,
+    ): Effect.Effect<ReadonlyArray<boolean>, FailedAt<HandlerFailed> | StoreError> =>
+      p.store
         .transaction((tx) =>
           Effect.gen(function* () {
-            const mine = yield* tx.markProcessed(p.consumer, row.key, token, delivery.attempt)
-            if (mine) {
+            const attempts = (item: Ready) => item.row.attempts + 1
+            const mine =
+              items.length === 1
+                ? [yield* tx.markProcessed(p.consumer, items[0]!.row.key, token, attempts(items[0]!))]
+                : yield* tx.markProcessedAll(
+                    p.consumer,
+                    token,
+                    items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
+                  )
+            for (const [i, item] of items.entries()) {
+              if (mine[i] !== true) continue
+              // The stored key is already the dedupe key; keep it whatever the contract computes now.
+              const envelope = { ...item.decoded.envelope, dedupeKey: item.row.key }
               yield* runHandler(
                 p.consumer,
-                decoded.handler,
-                decoded.payload,
+                item.decoded.handler,
+                item.decoded.payload,
                 envelope,
                 tx.trx,
                 p.handlerTimeoutMs,
                 p.messaging,
-              )
+              ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
             }
             return mine
           }),
         )
-        .pipe(bounded("Inbox.transaction", p.handlerTimeoutMs + STATEMENTS_MS), Effect.result)
-      if (result._tag === "Success") {
-        if (result.success) {
-          p.counters.processed++
-          if (row.position != null) advancedKeys++
-          yield* Metric.update(Metrics.processed, 1)
+        .pipe(bounded("Inbox.transaction", p.handlerTimeoutMs * items.length + STATEMENTS_MS))
+
+  /** What became of a chunk's rows: the failures as marks; the processed ones counted. */
+  const processChunk = (items: ReadonlyArray<Ready>, token: string) =>
+    Effect.flatMap(runShared(items, processTogether(token), isOutage), (results) =>
+      Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
+        const result = results[i]
+        if (result === undefined || !result.ok) {
+          const failure = result === undefined ? permanent("no result for the row") : failureOf(result.error)
+          const verdict = verdictFor(item.row.attempts, failure, p.retry)
+          return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
         }
-        return undefined
-      }
-      const verdict = verdictFor(row.attempts, failureOf(result.failure), p.retry)
-      return verdict._tag === "Done" ? undefined : { key: row.key, verdict }
-    })
+        if (!result.value) return Effect.succeed(undefined)
+        p.counters.processed++
+        if (item.row.position != null) advancedKeys++
+        return Effect.as(Metric.update(Metrics.processed, 1), undefined)
+      }),
+    )
 
   return Effect.gen(function* () {
     advancedKeys = 0
@@ -74,14 +103,35 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
     ).pipe(bounded("Inbox.claim", STATEMENTS_MS))
     if (rows.length === 0) return 0
     const ordered = new Set(rows.filter((r) => r.position != null).map((r) => r.key))
-    // Each row in its own transaction, several at once: one at a time capped
-    // the processor far below what the consumer side stores (bench/README.md "inbox").
+    const marks: InboxMark[] = []
+    const ready: Ready[] = []
+    for (const row of rows) {
+      const decoded = yield* decodeDelivery(
+        p.registry,
+        p.handlers,
+        p.consumer,
+        rowAsDelivery(row),
+        row.attempts,
+      )
+      if (decoded._tag === "Ok") {
+        ready.push({ row, decoded })
+        continue
+      }
+      const verdict = verdictFor(row.attempts, permanent(decoded.row.lastError ?? "undecodable"), p.retry)
+      if (verdict._tag !== "Done") marks.push({ key: row.key, verdict })
+    }
+    // `concurrency` transactions at once, the claim's rows shared out among them: one
+    // transaction per row capped the processor far below what the consumer side stores
+    // (bench/README.md "inbox").
+    const size = Math.ceil(ready.length / s.concurrency)
+    const chunks: Ready[][] = []
+    for (let i = 0; i < ready.length; i += size) chunks.push(ready.slice(i, i + size))
     const results = yield* holdingLease(
       p.store.extend(p.consumer, token, s.leaseMs),
       s.leaseMs,
-      Effect.forEach(rows, (row) => processRow(row, token), { concurrency: s.concurrency }),
+      Effect.forEach(chunks, (chunk) => processChunk(chunk, token), { concurrency: s.concurrency }),
     )
-    const marks = results.filter((m): m is InboxMark => m !== undefined)
+    for (const chunk of results) for (const m of chunk) if (m !== undefined) marks.push(m)
     yield* p.store.mark(p.consumer, token, marks).pipe(bounded("Inbox.mark", STATEMENTS_MS))
     for (const m of marks) {
       // Under "skip" a dead ordered row lets its key's next row go, as a processed one does.

@@ -44,6 +44,14 @@ export interface InboxTransaction {
   /** Inserts the row as processed; false when its key is already there (a duplicate). */
   readonly insertProcessed: (row: InboxRow) => Effect.Effect<boolean, StoreError>
   /**
+   * Inserts several rows as processed in one statement: per row, in input
+   * order, whether it was new. A key that is already there, or earlier in
+   * `rows`, is a duplicate (false).
+   */
+  readonly insertProcessedAll: (
+    rows: ReadonlyArray<InboxRow>,
+  ) => Effect.Effect<ReadonlyArray<boolean>, StoreError>
+  /**
    * Marks a claimed row processed; false when `token` no longer holds it. An
    * ordered row also moves its key's cursor to it, in the same transaction.
    */
@@ -53,6 +61,12 @@ export interface InboxTransaction {
     token: string,
     attempts: number,
   ) => Effect.Effect<boolean, StoreError>
+  /** `markProcessed` for several rows of one claim in one statement: per row, in input order, whether `token` still held it. */
+  readonly markProcessedAll: (
+    consumer: string,
+    token: string,
+    rows: ReadonlyArray<{ readonly key: string; readonly attempts: number }>,
+  ) => Effect.Effect<ReadonlyArray<boolean>, StoreError>
 }
 
 /**

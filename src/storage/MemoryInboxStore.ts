@@ -314,7 +314,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
           }
           return f(now)
         })
-      return {
+      const self: InboxTransaction = {
         trx: noSqlTransaction,
         insertProcessed: (row) =>
           inTx("InboxStore.insertProcessed", (now) => {
@@ -330,6 +330,9 @@ export const make = (): Effect.Effect<MemoryInbox> =>
             })
             return true
           }),
+        insertProcessedAll: (rows) => Effect.forEach(rows, (row) => self.insertProcessed(row)),
+        markProcessedAll: (consumer, token, rows) =>
+          Effect.forEach(rows, ({ key, attempts }) => self.markProcessed(consumer, key, token, attempts)),
         markProcessed: (consumer, key, token, attempts) =>
           inTx("InboxStore.markProcessed", (now) => {
             const k = rowKey(consumer, key)
@@ -344,6 +347,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
             return true
           }),
       }
+      return self
     }
 
     const transaction = <A, E, R>(

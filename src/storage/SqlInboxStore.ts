@@ -140,10 +140,14 @@ export const insertProcessedQuery = (
 /** The batch inserts' one parameter: the rows as a JSON array of `StoredRow`. */
 export const storedRows = (rows: ReadonlyArray<InboxRow>): string => JSON.stringify(rows.map(toStored))
 
-/** Persists a batch (`storedRows`) in one statement; duplicates are skipped. Returns the keys that were new. */
+/**
+ * Persists a batch (`storedRows`) in one statement; duplicates are skipped.
+ * Returns the keys that were new. `processed`: a batch of deliveries whose
+ * handlers run in the same transaction (idempotent mode).
+ */
 export const insertRowsQuery = (
   db: Kysely<TxboxDatabase>,
-  status: "pending" | "dead",
+  status: "pending" | "dead" | "processed",
   { rows }: { readonly rows: string },
 ): CompiledQuery<{ message_id: string }> => {
   // The rows travel as one JSON text parameter (every driver binds a string
@@ -169,6 +173,7 @@ export const insertRowsQuery = (
         "attempts",
         "status",
         "last_error",
+        "processed_at",
       ])
       // Positional, as INSERT … SELECT is: the same order as the columns above.
       .expression((eb) =>
@@ -189,6 +194,7 @@ export const insertRowsQuery = (
             "r.attempts",
             sql.lit(status).as("status"),
             "r.last_error",
+            (status === "processed" ? now : sql<Date | null>`NULL::timestamptz`).as("processed_at"),
           ]),
       )
       .onConflict((oc) => oc.columns(["message_id", "consumer"]).doNothing())
@@ -413,6 +419,81 @@ export const markProcessedQuery = (
     .select((eb) => eb.fn.countAll().as("marked"))
     .compile()
 
+/** `markProcessedAll`'s rows parameter: a JSON array of `{ key, attempts }`. */
+export const markedRows = (
+  rows: ReadonlyArray<{ readonly key: string; readonly attempts: number }>,
+): string => JSON.stringify(rows.map(({ key, attempts }) => ({ key, attempts })))
+
+/**
+ * `markProcessedQuery` for several rows of one claim: the rows marked, and
+ * each ordered key's cursor moved to the furthest of its rows, in one
+ * statement inside the handlers' transaction.
+ */
+export const markProcessedAllQuery = (
+  db: Kysely<TxboxDatabase>,
+  { consumer, token, rows }: { readonly consumer: string; readonly token: string; readonly rows: string },
+): CompiledQuery<{ message_id: string }> => {
+  const u = sql<{ key: string; attempts: number }>`jsonb_to_recordset(${rows}::text::jsonb)`.as<"u">(
+    sql`u(key text, attempts int)`,
+  )
+  return (
+    db
+      .with("m", (qb) =>
+        qb
+          .updateTable("inbox as i")
+          .from(u)
+          .set((eb) => ({
+            status: sql.lit("processed" as const),
+            processed_at: now,
+            attempts: eb.ref("u.attempts"),
+            lock_token: sql.lit(null),
+          }))
+          .where("i.consumer", "=", consumer)
+          .whereRef("i.message_id", "=", "u.key")
+          // As in markProcessedQuery: the token alone, no status (the partial index trap).
+          .where("i.lock_token", "=", token)
+          .returning([
+            "i.message_id",
+            "i.consumer",
+            "i.partition_key",
+            "i.partition_epoch",
+            "i.partition_seq",
+          ]),
+      )
+      // One row per key (a redriven row may share a claim with its key's next): the furthest.
+      .with("c", (qb) =>
+        qb
+          .insertInto("inbox_cursors")
+          .columns(["consumer", "partition_key", "epoch", "last_seq"])
+          .expression((eb) =>
+            eb
+              .selectFrom("m")
+              .distinctOn("m.partition_key")
+              .select(["m.consumer", "m.partition_key", "m.partition_epoch", "m.partition_seq"])
+              .where("m.partition_key", "is not", null)
+              .where("m.partition_epoch", "is not", null)
+              .where("m.partition_seq", "is not", null)
+              .orderBy("m.partition_key")
+              .orderBy("m.partition_epoch", "desc")
+              .orderBy("m.partition_seq", "desc"),
+          )
+          .onConflict((oc) =>
+            oc.columns(["consumer", "partition_key"]).doUpdateSet({
+              epoch: sql`GREATEST(inbox_cursors.epoch, excluded.epoch)`,
+              last_seq: sql`CASE
+              WHEN excluded.epoch > inbox_cursors.epoch THEN excluded.last_seq
+              WHEN excluded.epoch = inbox_cursors.epoch THEN GREATEST(inbox_cursors.last_seq, excluded.last_seq)
+              ELSE inbox_cursors.last_seq END`,
+              updated_at: now,
+            }),
+          ),
+      )
+      .selectFrom("m")
+      .select("m.message_id")
+      .compile()
+  )
+}
+
 /** `mark`'s one parameter: the failures as a JSON array of `MarkRecord`. */
 export const markFailures = (marks: ReadonlyArray<InboxMark>): string =>
   JSON.stringify(
@@ -474,6 +555,10 @@ export interface InboxStatements {
   readonly markProcessed: (
     params: Parameters<typeof markProcessedQuery>[1],
   ) => CompiledQuery<{ marked: string | number | bigint }>
+  readonly insertProcessedAll: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
+  readonly markProcessedAll: (
+    params: Parameters<typeof markProcessedAllQuery>[1],
+  ) => CompiledQuery<{ message_id: string }>
   readonly mark: (params: Parameters<typeof markQuery>[1]) => CompiledQuery
 }
 
@@ -511,6 +596,14 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     token: "\0token",
     attempts: -1,
   }),
+  insertProcessedAll: prepare(db, (db, p: { readonly rows: string }) => insertRowsQuery(db, "processed", p), {
+    rows: "\0rows",
+  }),
+  markProcessedAll: prepare(db, markProcessedAllQuery, {
+    consumer: "\0consumer",
+    token: "\0token",
+    rows: "\0rows",
+  }),
   mark: prepare(db, markQuery, { consumer: "\0consumer", token: "\0token", failures: "\0failures" }),
 })
 
@@ -529,6 +622,24 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
         trx
           .executeQuery(q.insertProcessed({ ...row, headers: JSON.stringify(row.headers ?? {}) }))
           .then((r) => r.rows.length === 1),
+      ),
+    insertProcessedAll: (rows) => {
+      // The first of each key goes in; a later one of the same key is a duplicate of it.
+      const firsts = new Map<string, InboxRow>()
+      for (const row of rows) if (!firsts.has(row.key)) firsts.set(row.key, row)
+      return tryStore("InboxStore.insertProcessedAll", () =>
+        trx.executeQuery(q.insertProcessedAll({ rows: storedRows([...firsts.values()]) })).then((r) => {
+          const fresh = new Set(r.rows.map((x) => x.message_id))
+          return rows.map((row) => firsts.get(row.key) === row && fresh.has(row.key))
+        }),
+      )
+    },
+    markProcessedAll: (consumer, token, rows) =>
+      tryStore("InboxStore.markProcessedAll", () =>
+        trx.executeQuery(q.markProcessedAll({ consumer, token, rows: markedRows(rows) })).then((r) => {
+          const marked = new Set(r.rows.map((x) => x.message_id))
+          return rows.map((row) => marked.has(row.key))
+        }),
       ),
     markProcessed: (consumer, key, token, attempts) =>
       tryStore("InboxStore.markProcessed", () =>

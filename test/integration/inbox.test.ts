@@ -159,6 +159,63 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
       }
     })
 
+    test("under load, deliveries share transactions; one that fails its shared transaction is retried alone; every effect applied once", async () => {
+      const exchange = uniqueName(`inbox-shared-${mode}`)
+      const consumer = uniqueName(`shared-${mode}`)
+      await sql`CREATE TABLE IF NOT EXISTS effect_txids (consumer text, message_id text, txid bigint)`.execute(
+        t.db,
+      )
+      // The default configuration, with a handler that records its transaction's id beside the
+      // effect, and fails the first try of every tenth message.
+      const handler = Inbox.handler(Note, ({ payload, envelope, trx }) =>
+        payload.note.startsWith("flaky") && envelope.attempt === 1
+          ? Effect.fail(new Error(`refusing ${payload.note} once`))
+          : Effect.promise(async () => {
+              await sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
+                trx,
+              )
+              await sql`INSERT INTO effect_txids VALUES (${consumer}, ${envelope.id}, txid_current())`.execute(
+                trx,
+              )
+            }),
+      )
+      const runtime = ManagedRuntime.make(
+        Inbox.layer({ consumer, mode, handlers: [handler], retry: { initialDelay: "100 millis" } }).pipe(
+          Layer.provide(
+            Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+          ),
+        ),
+      )
+      await runtime.runPromise(Effect.void)
+      try {
+        const messages = Array.from({ length: 400 }, (_, i) => note(i % 10 === 0 ? `flaky${i}` : `n${i}`))
+        await publish(exchange, messages)
+        await eventually("all 400 effects", async () => (await effectsOf(consumer)).size === 400)
+        await Bun.sleep(300)
+        const effects = await effectsOf(consumer)
+        expect([...effects.values()].every((n) => n === 1)).toBe(true)
+        const { rows } = await sql<{ transactions: string }>`
+          SELECT count(DISTINCT txid) AS transactions FROM effect_txids WHERE consumer = ${consumer}`.execute(
+          t.db,
+        )
+        const transactions = Number(rows[0]?.transactions)
+        // A transaction per message would be 400.
+        expect(transactions).toBeLessThan(300)
+        // Attempts: the flaky ones spent one; the others, whose shared transaction a flaky one
+        // rolled back, spent none.
+        const attempts = await sql<{ flaky: boolean; attempts: number; n: string }>`
+          SELECT e.note LIKE 'flaky%' AS flaky, i.attempts, count(*) AS n
+          FROM effects e JOIN txbox.inbox i ON i.consumer = e.consumer AND i.message_id = e.message_id
+          WHERE e.consumer = ${consumer} GROUP BY 1, 2 ORDER BY 1, 2`.execute(t.db)
+        expect(attempts.rows.map((r) => [r.flaky, r.attempts, Number(r.n)])).toEqual([
+          [false, 1, 360],
+          [true, 2, 40],
+        ])
+      } finally {
+        await runtime.dispose()
+      }
+    })
+
     test("a poison message ends dead after maxAttempts with its error; messages behind it keep flowing", async () => {
       const exchange = uniqueName(`inbox-poison-${mode}`)
       const consumer = uniqueName(`poison-${mode}`)

@@ -605,10 +605,79 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       expect(await harness().rows()).toHaveLength(1)
     })
 
+    test("insertProcessedAll stores the new rows processed and answers per row, in order, which were duplicates", async () => {
+      const before = await harness().now()
+      expect(await insertProcessed(inboxRow("m2"))).toBe(true)
+      const fresh = await store((s) =>
+        s.transaction((tx) =>
+          tx.insertProcessedAll([
+            inboxRow("m1"),
+            inboxRow("m2"),
+            inboxRow("m3", consumer, { attempts: 2 }),
+            inboxRow("m1"),
+          ]),
+        ),
+      )
+      expect(fresh).toEqual([true, false, true, false])
+      const rows = [...(await harness().rows())].sort((a, b) => a.key.localeCompare(b.key))
+      expect(rows.map((r) => [r.key, r.status, r.attempts])).toEqual([
+        ["m1", "processed", 0],
+        ["m2", "processed", 0],
+        ["m3", "processed", 2],
+      ])
+      for (const r of rows) expect(r.processedAt).toBeGreaterThanOrEqual(before)
+    })
+
+    test("insertProcessedAll in a transaction that fails leaves no row", async () => {
+      const error = await harness().run(
+        Effect.flip(
+          InboxStore.use((s) =>
+            s.transaction((tx) =>
+              Effect.andThen(
+                tx.insertProcessedAll([inboxRow("m1"), inboxRow("m2")]),
+                Effect.fail("handler failed"),
+              ),
+            ),
+          ),
+        ),
+      )
+      expect(error).toBe("handler failed")
+      expect(await harness().rows()).toEqual([])
+    })
+
     // Ordered rows: the claim's per-key gate and the cursor markProcessed moves.
     const EPOCH = 1_795_000_000_000
     const ordered = (key: string, partitionKey: string, seq: number, epoch = EPOCH) =>
       inboxRow(key, consumer, { partitionKey, position: { epoch, seq } })
+
+    test("markProcessedAll marks the rows the token holds, answers per row, and moves each ordered key's cursor", async () => {
+      await store((s) =>
+        s.insertPending([ordered("a1", "A", 1), ordered("a2", "A", 2), ordered("b1", "B", 1), inboxRow("u")]),
+      )
+      const first = await claimKeys()
+      expect(first.keys).toEqual(["a1", "b1", "u"])
+      const markAll = (token: string, rows: ReadonlyArray<{ key: string; attempts: number }>) =>
+        store((s) => s.transaction((tx) => tx.markProcessedAll(consumer, token, rows)))
+      // A token that holds nothing marks nothing.
+      expect(await markAll("0190a000-0000-7000-8000-000000000000", [{ key: "a1", attempts: 1 }])).toEqual([
+        false,
+      ])
+      expect(
+        await markAll(first.token, [
+          { key: "a1", attempts: 1 },
+          { key: "u", attempts: 3 },
+          { key: "a2", attempts: 1 },
+          { key: "b1", attempts: 2 },
+        ]),
+      ).toEqual([true, true, false, true])
+      expect(await row("a1")).toMatchObject({ status: "processed", attempts: 1, lockToken: null })
+      expect(await row("u")).toMatchObject({ status: "processed", attempts: 3 })
+      expect(await row("b1")).toMatchObject({ status: "processed", attempts: 2 })
+      expect((await row("a2")).status).toBe("pending")
+      // A's cursor moved past a1, so a2 is next; B's past b1.
+      await store((s) => s.insertPending([ordered("b2", "B", 2)]))
+      await processNext(["a2", "b2"])
+    })
     const claimKeys = async (limit = 10) => {
       const { token, rows } = await claim(limit)
       return { token, keys: sorted(rows.map((r) => r.key)) }

@@ -66,6 +66,11 @@ describe("per-key order over memory parts", () => {
             handlers: [handler],
             pollInterval: "100 millis",
             retry: { initialDelay: 100, maxDelay: 400, maxAttempts: 50, jitter: false },
+            // A transaction per message: the memory store cannot roll back what a handler does in
+            // JS, and a shared transaction that one failing handler rolls back runs the others
+            // again (against PostgreSQL, test/integration/inbox.test.ts shows their effects once).
+            transactions: 256,
+            processorConcurrency: 256,
           }).pipe(
             Effect.provide(
               Layer.merge(MemoryInboxStore.layer(store), Layer.succeed(Transport, broker.transport)),
