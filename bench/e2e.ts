@@ -17,6 +17,7 @@
 //
 //   bun bench/e2e.ts [--quick] [--rates 250,500,1000,2000,max,half] [--seconds 10] [--warmup 2]
 //                    [--settings test,durable] [--producers 1] [--connections 8] [--keyed]
+//                    [--prefetch 32] [--transactions 4]
 import { sql } from "kysely"
 import postgres from "postgres"
 import { defaultRetryPolicy } from "../src/Retry.ts"
@@ -77,8 +78,9 @@ const config = {
   keyed: args.given.keyed === true,
   /** The library's defaults, spelled out for the relay child (README "Configuration and defaults"). */
   relay: { batchSize: 1000, workers: 1, pollMs: 1000, listen: true },
-  /** The Inbox default; inboxProcess.ts needs it spelled out. */
-  prefetch: 32,
+  /** The Inbox defaults; inboxProcess.ts needs them spelled out. */
+  prefetch: args.number("prefetch", 32),
+  transactions: args.number("transactions", 4),
   drainTimeoutMs: args.number("drain-timeout", quick ? 60 : 300) * 1000,
 }
 
@@ -198,7 +200,7 @@ main(() =>
           .map(([k, v]) => `${k}=${v}`)
           .join(", ")}): ${config.producers} producer process(es) × ${config.connections} connections` +
           `${config.keyed ? ", partitionKey = order id" : ""}; relay batch ${config.relay.batchSize} × ${config.relay.workers}, NOTIFY; ` +
-          `Inbox idempotent, prefetch ${config.prefetch}; ${config.seconds} s windows after ${config.warmupSeconds} s warm-up. ` +
+          `Inbox idempotent, prefetch ${config.prefetch}, ${config.transactions} transactions; ${config.seconds} s windows after ${config.warmupSeconds} s warm-up. ` +
           `Latency ms, ${r.clock === "commit" ? "producer commit → handler commit (commit timestamps)" : "order insert → handler insert (clock_timestamp)"}; CPU in cores`,
         [
           "run",
@@ -359,6 +361,7 @@ async function runPass(
       CONSUMER: consumer,
       MODE: "idempotent",
       PREFETCH: String(config.prefetch),
+      TRANSACTIONS: String(config.transactions),
       STATS_MS: "100",
       RECORD: "1",
     })

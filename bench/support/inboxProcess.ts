@@ -6,7 +6,7 @@
 // the inbox's transaction: an effect that commits with the inbox row, counted and checked by the bench.
 //
 // env: DB_URL, AMQP_URL, EXCHANGE, CONSUMER, MODE (idempotent | store-then-process),
-//      PREFETCH (default 32), STATS_MS (default 1000), QUEUE_TYPE (default quorum), RECORD (default 0);
+//      PREFETCH (default 32), TRANSACTIONS (default: the Inbox's), STATS_MS (default 1000), QUEUE_TYPE (default quorum), RECORD (default 0);
 //      BATCH, POLL_MS, CONCURRENCY: the processor's batchSize, pollInterval (ms) and
 //      processorConcurrency, only when set (else the Inbox defaults)
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
@@ -43,6 +43,7 @@ const optional = (name: string): number | undefined =>
 const batchSize = optional("BATCH")
 const pollMs = optional("POLL_MS")
 const concurrency = optional("CONCURRENCY")
+const transactions = optional("TRANSACTIONS")
 const scope = await runtime.runPromise(Scope.make())
 const handle = await runtime.runPromise(
   Inbox.make({
@@ -52,6 +53,7 @@ const handle = await runtime.runPromise(
     ...(batchSize === undefined ? {} : { batchSize }),
     ...(pollMs === undefined ? {} : { pollInterval: pollMs }),
     ...(concurrency === undefined ? {} : { processorConcurrency: concurrency }),
+    ...(transactions === undefined ? {} : { transactions }),
     handlers: [
       Inbox.handler(OrderPlaced, ({ payload, envelope, trx }) =>
         Effect.gen(function* () {
