@@ -11,6 +11,8 @@
 //   through an import map built from jsr.json's exports, bare specifiers mapped to `npm:` as
 //   `deno publish` rewrites them.
 // - PGlite (Node, Kysely 0.29's own PGlite dialect, the memory broker, no server driver).
+// - A Cloudflare Worker in workerd (Miniflare): `Outbox.enqueue` on postgres.js over Workers TCP
+//   sockets, bundled as wrangler would; the relay and the inbox in Node publish and apply it.
 // A missing driver is a ConfigError naming the package to install. Each project's installed size is
 // printed. Run with `npm run test:pack` (services from scripts/with-services.ts).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
@@ -694,8 +696,16 @@ test("enqueue → relay → inbox on PGlite, and a statement from elsewhere wait
   assert.equal(await Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(layer))), "delivered")
 })
 
-test("txbox/amqp without amqplib: the import fails naming amqplib", async () => {
-  await assert.rejects(import("txbox/amqp"), /amqplib/)
+test("txbox/amqp without amqplib: it imports, and building the transport is a ConfigError naming amqplib", async () => {
+  const { AmqpTransport } = await import("txbox/amqp")
+  const exit = await Effect.runPromiseExit(
+    Effect.scoped(Layer.build(AmqpTransport.layer({ url: "amqp://127.0.0.1:1" }))),
+  )
+  const error = exit._tag === "Failure" ? exit.cause.reasons.find((r) => r._tag === "Fail")?.error : undefined
+  assert.equal(
+    error ? \`\${error._tag}: \${error.message}\` : String(exit),
+    'ConfigError: txbox/amqp needs the "amqplib" package, which is not installed: npm i amqplib (bun add amqplib, deno add npm:amqplib)',
+  )
 })
 `
 
@@ -731,6 +741,175 @@ describe("PGlite: npm install txbox effect kysely@0.29 @electric-sql/pglite", ()
   test("enqueue → relay → inbox on Kysely 0.29's PGlite dialect, with the session guarantee", async () => {
     const output = await run([node22, "--test", "main.test.mjs"], dir)
     expect(output).toMatch(/# pass 3/)
+  })
+})
+
+// ---------------------------------------------------------------------------------------------
+// The edge: a Cloudflare Worker in workerd (Miniflare), postgres.js over the Workers TCP socket API.
+
+// The worker as an app would write it: the order and its event in one transaction of its own
+// Kysely, on txbox's PostgresJsDialect over postgres.js (whose "workerd" build connects with
+// `cloudflare:sockets`). No txbox store, no Node driver: `Outbox.enqueue` needs only the transaction.
+const edgeWorker = `
+import { Effect } from "effect"
+import { Kysely } from "kysely"
+import postgres from "postgres"
+import { defineEvent, Outbox } from "txbox"
+import { PostgresJsDialect } from "txbox/postgres-js"
+import * as v from "valibot"
+
+const OrderPlaced = defineEvent({
+  type: "smoke.order-placed",
+  version: 1,
+  schema: v.object({ orderId: v.pipe(v.string(), v.uuid()), total: v.number() }),
+})
+
+export default {
+  async fetch(request, env) {
+    const { orderId, total, fail } = await request.json()
+    const db = new Kysely({
+      dialect: new PostgresJsDialect({ postgres: postgres(env.DATABASE_URL, { max: 1, onnotice: () => {} }) }),
+    })
+    try {
+      const written = await db.transaction().execute(async (trx) => {
+        await trx.insertInto("orders").values({ id: orderId, total }).execute()
+        const row = await Effect.runPromise(Outbox.enqueue(trx, OrderPlaced, { orderId, total }, { partitionKey: orderId }))
+        if (fail) throw new Error("the request failed after enqueue")
+        return row
+      })
+      return Response.json({ id: written.id, runtime: navigator.userAgent })
+    } catch (error) {
+      return Response.json({ error: String(error) }, { status: 500 })
+    } finally {
+      await db.destroy()
+    }
+  },
+}
+`
+
+// The host: the relay and the inbox (txbox/postgres-js in Node 22); the write goes through the worker.
+const edgeMain = `
+import { test } from "node:test"
+import assert from "node:assert/strict"
+import { randomUUID } from "node:crypto"
+import { Miniflare } from "miniflare"
+import postgres from "postgres"
+import { sql } from "kysely"
+import * as txbox from "txbox"
+import * as amqp from "txbox/amqp"
+import { migrate } from "txbox/kysely"
+import { PostgresJsDialect, PostgresJsStore } from "txbox/postgres-js"
+import { postgresJsApp, smokeEffect } from "./smoke.mjs"
+
+const inWorker = async ({ url, db, orderId }) => {
+  const worker = new Miniflare({
+    modules: true,
+    scriptPath: "worker.bundle.js",
+    compatibilityDate: "2025-09-01",
+    compatibilityFlags: ["nodejs_compat"],
+    bindings: { DATABASE_URL: url },
+  })
+  try {
+    const post = async (body) => {
+      const response = await worker.dispatchFetch("http://worker/orders", { method: "POST", body: JSON.stringify(body) })
+      return { status: response.status, body: await response.json() }
+    }
+    // A request that fails after enqueue: its transaction, the outbox row with it, is rolled back.
+    const failed = await post({ orderId: randomUUID(), total: 1, fail: true })
+    assert.deepEqual(failed, { status: 500, body: { error: "Error: the request failed after enqueue" } })
+    const counts = await sql\`SELECT (SELECT count(*) FROM orders)::int AS orders, (SELECT count(*) FROM txbox.outbox)::int AS outbox\`.execute(db)
+    assert.deepEqual(counts.rows, [{ orders: 0, outbox: 0 }])
+    const written = await post({ orderId, total: 42.5 })
+    assert.equal(written.status, 200, JSON.stringify(written.body))
+    assert.equal(written.body.runtime, "Cloudflare-Workers")
+    return written.body
+  } finally {
+    await worker.dispose()
+  }
+}
+
+test("Outbox.enqueue in a Cloudflare Worker (workerd); the relay publishes it, the inbox applies it", () =>
+  smokeEffect(
+    { txbox, amqp, migrate },
+    postgresJsApp(postgres, PostgresJsDialect),
+    ({ url }) => PostgresJsStore.layer({ url, poolSize: 2 }),
+    inWorker,
+  ))
+`
+
+describe("Cloudflare Worker: npm install txbox effect kysely postgres valibot (+ miniflare, amqplib for the host)", () => {
+  let dir: string
+  beforeAll(async () => {
+    dir = freshProject("edge", {
+      "package.json": JSON.stringify({ name: "edge-app", private: true, type: "module" }),
+      "worker.mjs": edgeWorker,
+      "main.test.mjs": edgeMain,
+    })
+    await run(
+      [
+        "npm",
+        "install",
+        "--no-audit",
+        "--no-fund",
+        "--prefer-offline",
+        tarball,
+        "effect",
+        "kysely@^0.29",
+        "postgres",
+        "valibot",
+        "amqplib",
+        "miniflare@^4",
+      ],
+      dir,
+    )
+    // Bundled as wrangler would: one ES module, postgres.js's "workerd" build, the runtime's own
+    // modules (node:*, cloudflare:*) left to workerd.
+    await run(
+      [
+        process.execPath,
+        "build",
+        "worker.mjs",
+        "--outfile",
+        "worker.bundle.js",
+        "--target",
+        "browser",
+        "--conditions",
+        "workerd",
+        "--format",
+        "esm",
+        "--external",
+        "cloudflare:*",
+        "--external",
+        "node:*",
+      ],
+      dir,
+    )
+    await recordSize(
+      "edge (txbox, effect, kysely 0.29, postgres, valibot; miniflare, amqplib)",
+      dir,
+      "node_modules",
+    )
+    // Workers limit a script's compressed size (3 MB on the free plan): report it gzipped too.
+    const gzipped = Bun.gzipSync(readFileSync(join(dir, "worker.bundle.js"))).length
+    await recordSize(
+      "edge worker bundle (txbox, effect, kysely, postgres.js, valibot)",
+      dir,
+      "worker.bundle.js",
+    )
+    sizes["edge worker bundle, gzipped"] = `${(gzipped / 1024).toFixed(0)} KB`
+    console.log(`[pack] edge worker bundle gzipped: ${sizes["edge worker bundle, gzipped"]}`)
+  })
+
+  test("the worker bundle connects through cloudflare:sockets, not node:net", () => {
+    const bundled = readFileSync(join(dir, "worker.bundle.js"), "utf8")
+    expect(bundled).toContain('import("cloudflare:sockets")')
+    const runtimeImports = [...bundled.matchAll(/from\s*"((?:node|cloudflare):[^"]+)"/g)].map((m) => m[1])
+    expect(runtimeImports.filter((name) => name === "node:net" || name === "node:tls")).toEqual([])
+  })
+
+  test("enqueue in workerd → relay → inbox end to end; a failed request leaves no outbox row", async () => {
+    const output = await run([node22, "--test", "main.test.mjs"], dir, services())
+    expect(output).toMatch(/# pass 1/)
   })
 })
 

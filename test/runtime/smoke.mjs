@@ -122,15 +122,35 @@ const transport = (modules) =>
   modules.amqp.AmqpTransport.layer({ url: fromEnv("TXBOX_TEST_AMQP_URL"), exchange: unique("smoke") })
 
 /**
+ * The order and its event in one of the service's own Kysely transactions, in this process.
+ * @returns {Promise<{ id: string }>} the outbox row written
+ */
+const writeHere = ({ modules, db, orderId }) =>
+  db.transaction().execute(async (trx) => {
+    await trx.insertInto("orders").values({ id: orderId, total: 42.5 }).execute()
+    return Effect.runPromise(
+      modules.txbox.Outbox.enqueue(
+        trx,
+        orderPlaced(modules),
+        { orderId, total: 42.5 },
+        { partitionKey: orderId },
+      ),
+    )
+  })
+
+/**
  * The Effect API: `Inbox.make` and `Relay.make` in one scope over the store `store({ url, db })`
- * gives and `AmqpTransport.layer`, `Outbox.enqueue` inside the service's own Kysely transaction.
+ * gives and `AmqpTransport.layer`, `Outbox.enqueue` inside the service's own Kysely transaction —
+ * here, or wherever `write` runs it (an edge worker) — writing order `orderId`, total 42.5, event
+ * type "smoke.order-placed" v1.
  * @param {{ txbox: any, amqp: any, migrate: any }} modules
  * @param {{ kysely: (url: string) => any, admin: (server: string, statement: string) => Promise<void> }} app
  * @param {(target: { url: string, db: any }) => any} store the store layer
+ * @param {(target: { modules: any, url: string, db: any, orderId: string }) => Promise<{ id: string }>} [write]
  */
-export const smokeEffect = (modules, app, store) =>
+export const smokeEffect = (modules, app, store, write = writeHere) =>
   withDatabase(modules, app, async ({ url, db }) => {
-    const { Inbox, Outbox, Relay } = modules.txbox
+    const { Inbox, Relay } = modules.txbox
     const OrderPlaced = orderPlaced(modules)
     const consumer = unique("smoke-effect")
     const orderId = randomUUID()
@@ -151,14 +171,7 @@ export const smokeEffect = (modules, app, store) =>
         ],
       })
       yield* Relay.make({ pollInterval: "100 millis" })
-      const written = yield* Effect.promise(() =>
-        db.transaction().execute(async (trx) => {
-          await trx.insertInto("orders").values({ id: orderId, total: 42.5 }).execute()
-          return Effect.runPromise(
-            Outbox.enqueue(trx, OrderPlaced, { orderId, total: 42.5 }, { partitionKey: orderId }),
-          )
-        }),
-      )
+      const written = yield* Effect.promise(() => write({ modules, url, db, orderId }))
       // Checked while the scope is open: closing it stops the relay and the inbox.
       yield* Effect.promise(() => assertDelivered(db, { orderId, messageId: written.id, consumer }))
     })

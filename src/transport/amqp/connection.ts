@@ -4,9 +4,10 @@
  * configured backoff. Everything is acquired in scopes, so closing the layer
  * closes channels, then the connection, then stops the supervisor.
  */
-import amqp, { type Channel, type ChannelModel, type ConfirmChannel } from "amqplib"
+import type { Channel, ChannelModel, ConfirmChannel } from "amqplib"
 import { Deferred, Duration, Effect, Exit, Latch, Scope } from "effect"
-import { describeCause, redactUrls, TransportError } from "../../Errors.ts"
+import { defaultExport, loadDriver } from "../../drivers.ts"
+import { type ConfigError, describeCause, redactUrls, TransportError } from "../../Errors.ts"
 import type { ResolvedConfig } from "./config.ts"
 import type { ConfirmPublisher } from "./confirms.ts"
 
@@ -184,8 +185,25 @@ interface Opened {
   readonly lost: Deferred.Deferred<unknown>
 }
 
+type Amqplib = typeof import("amqplib")
+
+/**
+ * amqplib, loaded when the first transport is built rather than when
+ * `txbox/amqp` is imported: a missing amqplib is then a `ConfigError` naming
+ * the package, like a missing database driver.
+ */
+const loadAmqplib: Effect.Effect<Amqplib, ConfigError> = loadDriver({
+  name: "amqplib",
+  entry: "txbox/amqp",
+  load: () => import("amqplib"),
+}).pipe(Effect.map((module) => defaultExport<Amqplib>(module as Amqplib & { default?: Amqplib })))
+
 /** Connects; `onClose` runs synchronously on the connection's `close` event. */
-const openModel = (config: ResolvedConfig, onClose: () => void): Effect.Effect<Opened, TransportError> =>
+const openModel = (
+  amqp: Amqplib,
+  config: ResolvedConfig,
+  onClose: () => void,
+): Effect.Effect<Opened, TransportError> =>
   Effect.callback<Opened, TransportError>((resume) => {
     let abandoned = false
     amqp
@@ -227,9 +245,10 @@ const openModel = (config: ResolvedConfig, onClose: () => void): Effect.Effect<O
  */
 export const makeConnection: (
   config: ResolvedConfig,
-) => Effect.Effect<Connection, TransportError, Scope.Scope> = Effect.fnUntraced(function* (
+) => Effect.Effect<Connection, TransportError | ConfigError, Scope.Scope> = Effect.fnUntraced(function* (
   config: ResolvedConfig,
 ) {
+  const amqp = yield* loadAmqplib
   let live: Live | undefined
   let lastError: unknown
   const connected = yield* Latch.make(false)
@@ -241,7 +260,7 @@ export const makeConnection: (
   }
 
   const lifetime = Effect.gen(function* () {
-    const { model, lost } = yield* Effect.acquireRelease(openModel(config, markDown), ({ model }) =>
+    const { model, lost } = yield* Effect.acquireRelease(openModel(amqp, config, markDown), ({ model }) =>
       closeModel(model),
     )
     yield* Effect.addFinalizer(() => Effect.sync(markDown))
