@@ -4,6 +4,7 @@
 //
 //   bun bench/relay.ts [--quick] [--backlog 50000] [--headline 200000] [--ceiling 100000]
 //                      [--batches 100,1000,5000] [--workers 1,2,4] [--queues classic,quorum]
+//                      [--windows 500,2000,5000] [--channels 1,2,4,8]
 import { declareSink, type QueueType, rawPublish } from "./support/amqp.ts"
 import { runNaive, runOptimized } from "./support/baselines.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
@@ -28,6 +29,8 @@ const config = {
   /** Messages per window for the raw ceiling. */
   ceilingMessages: args.number("ceiling", quick ? 2_000 : 60_000),
   windows: args.list("windows", [500, 2000, 5000]),
+  /** Confirm channels the raw ceiling publishes over (each with the window): the best counts. */
+  channels: args.list("channels", quick ? [1, 2] : [1, 2, 4, 8]),
   batches: args.list("batches", quick ? [100, 1000] : [100, 1000, 5000]),
   workers: args.list("workers", quick ? [1, 2] : [1, 2, 4]),
   queues: args.string("queues", "classic,quorum").split(",") as QueueType[],
@@ -113,17 +116,35 @@ main(() =>
 
       for (const queue of config.queues) {
         const ceiling = []
-        for (const window of config.windows) {
-          const sink = await declareSink(services.amqpUrl, queue, "bench.ceiling")
-          try {
-            const before = meter.sample()
-            const run = await rawPublish(services.amqpUrl, sink.exchange, config.ceilingMessages, window)
-            const cpu = meter.use(before, meter.sample())
-            if ((await sink.depth()) !== config.ceilingMessages) throw new Error("ceiling: messages missing")
-            ceiling.push({ window, rate: run.rate, seconds: run.seconds, nacked: run.nacked, cpu })
-            log(`${queue} raw ceiling, window ${window}: ${Math.round(run.rate)} msg/s`)
-          } finally {
-            await sink.close()
+        for (const channels of config.channels) {
+          for (const window of config.windows) {
+            const sink = await declareSink(services.amqpUrl, queue, "bench.ceiling")
+            try {
+              const before = meter.sample()
+              const run = await rawPublish(
+                services.amqpUrl,
+                sink.exchange,
+                config.ceilingMessages,
+                window,
+                channels,
+              )
+              const cpu = meter.use(before, meter.sample())
+              if ((await sink.depth()) !== config.ceilingMessages)
+                throw new Error("ceiling: messages missing")
+              ceiling.push({
+                channels,
+                window,
+                rate: run.rate,
+                seconds: run.seconds,
+                nacked: run.nacked,
+                cpu,
+              })
+              log(
+                `${queue} raw ceiling, ${channels} channel(s) × window ${window}: ${Math.round(run.rate)} msg/s`,
+              )
+            } finally {
+              await sink.close()
+            }
           }
         }
         const bestCeiling = ceiling.reduce((a, b) => (b.rate > a.rate ? b : a))
@@ -203,7 +224,12 @@ main(() =>
             headline.cpu,
             `batch ${headline.batchSize} × ${headline.workers}, ${headline.backlog.toLocaleString("en-US")} rows`,
           ),
-          row("raw ceiling", bestCeiling.rate, bestCeiling.cpu, `window ${bestCeiling.window}`),
+          row(
+            "raw ceiling",
+            bestCeiling.rate,
+            bestCeiling.cpu,
+            `${bestCeiling.channels} channel(s) × window ${bestCeiling.window}`,
+          ),
           row("naive (article)", naive.rate, naive.cpu, `${naive.processed.toLocaleString("en-US")} rows`),
           row(
             "optimized (sequel)",

@@ -154,10 +154,17 @@ const numberByKey = async (
  * payload is validated first: one invalid event fails the call and nothing is
  * written.
  */
-export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
+export const enqueueMany = (
   executor: Executor,
   events: ReadonlyArray<EventInput>,
-) {
+): Effect.Effect<ReadonlyArray<EnqueuedMessage>, ValidationError | StoreError | ConfigError> =>
+  // A span without the stack trace Effect.fn would capture on every call: enqueue runs once per
+  // business transaction, and the trace cost more than the span.
+  enqueueRows(executor, events).pipe(
+    Effect.withSpan("Outbox.enqueue", undefined, { captureStackTrace: false }),
+  )
+
+const enqueueRows = Effect.fnUntraced(function* (executor: Executor, events: ReadonlyArray<EventInput>) {
   // The store layer's schema (or "txbox"): enqueue writes where the relay reads.
   const configured = yield* TxboxSchema
   const schema = yield* validateConfig(() => validateSchemaName(configured))
@@ -167,9 +174,9 @@ export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
   yield* Effect.annotateCurrentSpan({ "txbox.count": rows.length, "txbox.type": rows[0]!.type })
   const keyed = rows.some((r) => r.partition_key !== null)
   const write = async (db: Kysely<TxboxDatabase>) => {
-    const positions = keyed ? await numberByKey(db, rows) : []
+    const positions = keyed ? await numberByKey(db.withSchema(schema), rows) : []
     // Payload and headers are bound as text and cast: postgres.js would otherwise encode the JSON
-    // string a second time.
+    // string a second time. The text names the schema itself.
     await db.executeQuery(
       insertOutbox(
         schema,
@@ -181,7 +188,7 @@ export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
       ),
     )
   }
-  const db = (executor as Kysely<TxboxDatabase>).withSchema(schema)
+  const db = executor as Kysely<TxboxDatabase>
   yield* Effect.tryPromise({
     // Numbers and rows must commit together, or a key would have a gap its consumers wait on
     // forever: outside a transaction, enqueue opens one of its own.
@@ -189,10 +196,7 @@ export const enqueueMany = Effect.fn("Outbox.enqueue")(function* (
     catch: (cause) => classifyDbError("Outbox.enqueue", cause),
   })
   return rows.map(({ id, type, version }): EnqueuedMessage => ({ id, type, version }))
-}) as (
-  executor: Executor,
-  events: ReadonlyArray<EventInput>,
-) => Effect.Effect<ReadonlyArray<EnqueuedMessage>, ValidationError | StoreError | ConfigError>
+})
 
 /**
  * Writes one event in the caller's transaction. See `enqueueMany`. The schema

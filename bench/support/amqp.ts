@@ -80,58 +80,73 @@ export interface PublishRun {
 }
 
 /**
- * The raw ceiling: one amqplib confirm channel keeping `window` messages unconfirmed, refilling
- * from each confirm callback, honouring `drain`. Messages are encoded as they go (any publisher
- * pays that), from bodies built beforehand (the relay gets its bodies from the database).
+ * The raw ceiling: `channels` amqplib confirm channels on one connection, each keeping `window`
+ * messages unconfirmed, refilling from each confirm callback, honouring `drain`, and publishing its
+ * share of `count`. Messages are encoded as they go (any publisher pays that), from bodies built
+ * beforehand (the relay gets its bodies from the database).
  */
 export const rawPublish = async (
   url: string,
   exchange: string,
   count: number,
   window: number,
+  channels = 1,
 ): Promise<PublishRun> => {
   const bodies = Array.from({ length: Math.min(count, 10_000) }, (_, i) => makeBody(i))
   const connection = await amqp.connect(url)
   try {
     // The same write buffer the relay's publisher gets (room for the whole window).
-    const channel: ConfirmChannel = await connection.createConfirmChannel({
-      highWaterMark: Math.max(1024, window),
-    })
-    await channel.assertExchange(exchange, "topic", { durable: true })
-    let sent = 0
-    let settled = 0
+    const opened: ConfirmChannel[] = []
+    for (let c = 0; c < channels; c++) {
+      const channel = await connection.createConfirmChannel({ highWaterMark: Math.max(1024, window) })
+      opened.push(channel)
+    }
+    await opened[0]!.assertExchange(exchange, "topic", { durable: true })
     let nacked = 0
-    let inFlight = 0
-    let waitingDrain = false
+    let next = 0
     const started = performance.now()
-    await new Promise<void>((resolve, reject) => {
-      channel.on("close", () => reject(new Error("channel closed during the raw publish")))
-      const onConfirm = (error: unknown) => {
-        if (error) nacked++
-        inFlight--
-        if (++settled === count) resolve()
-        else if (!waitingDrain) pump()
-      }
-      const pump = () => {
-        while (sent < count && inFlight < window) {
-          const m = encodeBench(sent, bodies[sent % bodies.length])
-          sent++
-          inFlight++
-          if (!channel.publish(exchange, m.routingKey, m.content, m.options, onConfirm)) {
-            waitingDrain = true
-            channel.once("drain", () => {
-              waitingDrain = false
-              pump()
-            })
-            return
+    const publishShare = (channel: ConfirmChannel, share: number) =>
+      new Promise<void>((resolve, reject) => {
+        let sent = 0
+        let settled = 0
+        let inFlight = 0
+        let waitingDrain = false
+        if (share === 0) return resolve()
+        channel.on("close", () => reject(new Error("channel closed during the raw publish")))
+        const onConfirm = (error: unknown) => {
+          if (error) nacked++
+          inFlight--
+          if (++settled === share) resolve()
+          else if (!waitingDrain) pump()
+        }
+        const pump = () => {
+          while (sent < share && inFlight < window) {
+            const i = next++
+            const m = encodeBench(i, bodies[i % bodies.length])
+            sent++
+            inFlight++
+            if (!channel.publish(exchange, m.routingKey, m.content, m.options, onConfirm)) {
+              waitingDrain = true
+              channel.once("drain", () => {
+                waitingDrain = false
+                pump()
+              })
+              return
+            }
           }
         }
-      }
-      pump()
-    })
+        pump()
+      })
+    await Promise.all(
+      opened.map((channel, c) =>
+        publishShare(channel, Math.floor(count / channels) + (c < count % channels ? 1 : 0)),
+      ),
+    )
     const seconds = (performance.now() - started) / 1000
-    channel.removeAllListeners("close")
-    await channel.close().catch(() => {})
+    for (const channel of opened) {
+      channel.removeAllListeners("close")
+      await channel.close().catch(() => {})
+    }
     return { messages: count, seconds, rate: count / seconds, nacked }
   } finally {
     await connection.close().catch(() => {})

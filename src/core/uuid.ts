@@ -3,12 +3,28 @@
  * ids keep the outbox's primary-key index append-mostly. Within one
  * millisecond a counter in the random bits keeps ids from one process ordered.
  */
+const HEX = Array.from({ length: 256 }, (_, b) => b.toString(16).padStart(2, "0"))
+
 let lastMs = 0
 let counter = 0
 
+// Random bytes drawn 4 KiB at a time: `getRandomValues` per id cost more than the rest of the id
+// (a call into the runtime's CSPRNG each time; seen at 3.6 % of the inbox's CPU in a profile).
+const POOL_IDS = 256
+const pool = new Uint8Array(16 * POOL_IDS)
+let poolNext = POOL_IDS
+
+const randomBytes16 = (): Uint8Array => {
+  if (poolNext === POOL_IDS) {
+    globalThis.crypto.getRandomValues(pool)
+    poolNext = 0
+  }
+  const start = 16 * poolNext++
+  return pool.subarray(start, start + 16)
+}
+
 export const uuidv7 = (): string => {
-  const bytes = new Uint8Array(16)
-  globalThis.crypto.getRandomValues(bytes)
+  const bytes = randomBytes16()
   let ms = Date.now()
   if (ms <= lastMs) {
     counter = (counter + 1) & 0xfff
@@ -28,7 +44,7 @@ export const uuidv7 = (): string => {
   bytes[7] = counter & 0xff
   bytes[8] = 0x80 | (bytes[8]! & 0x3f)
   let hex = ""
-  for (const b of bytes) hex += b.toString(16).padStart(2, "0")
+  for (let i = 0; i < 16; i++) hex += HEX[bytes[i]!]
   return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`
 }
 

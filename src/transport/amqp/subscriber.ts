@@ -14,6 +14,7 @@ import type {
   SubscribeOptions,
   TransportShape,
 } from "../../ports/Transport.ts"
+import { AckCoalescer } from "./acks.ts"
 import type { ResolvedConfig } from "./config.ts"
 import { ConfirmPublisher } from "./confirms.ts"
 import { type Connection, openConfirmChannel, openPlainChannel, rpc, transportError } from "./connection.ts"
@@ -42,6 +43,8 @@ interface Generation {
   readonly channel: ConfirmChannel
   /** Confirms for the copies sent to delay queues. */
   readonly publisher: ConfirmPublisher
+  /** Acks, sent together at the end of each turn of the event loop. */
+  readonly acks: AckCoalescer
   readonly scope: Scope.Closeable
   /** Completed when the channel closes or the broker cancels the consumer. */
   readonly lost: Deferred.Deferred<unknown>
@@ -168,13 +171,12 @@ export const makeSubscribe = (
     const ack = (generation: Generation, message: ConsumeMessage): void => {
       // A closed channel cannot ack; the broker redelivers the message instead.
       if (!generation.open) return
-      try {
-        generation.channel.ack(message)
-      } catch {}
+      generation.acks.ack(message)
     }
 
     const requeue = (generation: Generation, message: ConsumeMessage): void => {
       if (!generation.open) return
+      generation.acks.settled(message)
       try {
         generation.channel.nack(message, false, true)
       } catch {}
@@ -266,6 +268,15 @@ export const makeSubscribe = (
           (channel): Generation => {
             const lost = Deferred.makeUnsafe<unknown>()
             let lastError: unknown
+            const acks = new AckCoalescer(channel, (flush) =>
+              setImmediate(() => {
+                // A closed channel cannot ack; the broker redelivers what was not acked.
+                if (!generation.open) return
+                try {
+                  flush()
+                } catch {}
+              }),
+            )
             const generation: Generation = {
               channel,
               publisher: new ConfirmPublisher(channel, {
@@ -273,6 +284,7 @@ export const makeSubscribe = (
                 timeoutMs,
                 maxMessageSize: config.maxMessageSize,
               }),
+              acks,
               scope,
               lost,
               consumerTags: [],
@@ -289,6 +301,17 @@ export const makeSubscribe = (
           },
         )
         const { channel, lost } = generation
+        // Added after the channel's own finalizer, so it runs first: acks still waiting for the end
+        // of the turn go out before the channel closes (else the broker redelivers them).
+        yield* Scope.addFinalizer(
+          scope,
+          Effect.sync(() => {
+            if (!generation.open) return
+            try {
+              generation.acks.flush()
+            } catch {}
+          }),
+        )
         yield* declareTopology(live)
         yield* rpc(operation, timeoutMs, () => channel.prefetch(options.prefetch))
         const reply = yield* rpc(operation, timeoutMs, () =>
@@ -298,7 +321,10 @@ export const makeSubscribe = (
               // null: the broker cancelled the consumer (queue deleted); resubscribe.
               if (message === null)
                 Deferred.doneUnsafe(lost, Effect.succeed("consumer cancelled by the broker"))
-              else run(processDelivery(generation, message))
+              else {
+                generation.acks.delivered(message)
+                run(processDelivery(generation, message))
+              }
             },
             { noAck: false },
           ),
@@ -309,7 +335,10 @@ export const makeSubscribe = (
             (message) => {
               if (message === null)
                 Deferred.doneUnsafe(lost, Effect.succeed("consumer cancelled by the broker"))
-              else run(processDeadLettered(generation, message))
+              else {
+                generation.acks.delivered(message)
+                run(processDeadLettered(generation, message))
+              }
             },
             { noAck: false },
           ),
