@@ -17,7 +17,7 @@
 //
 //   bun bench/e2e.ts [--quick] [--rates 250,500,1000,2000,max,half] [--seconds 10] [--warmup 2]
 //                    [--settings test,durable] [--producers 1] [--connections 8] [--keyed]
-//                    [--prefetch 32] [--transactions 4]
+//                    [--prefetch 32] [--transactions 4] [--relay-workers 1]
 import { sql } from "kysely"
 import postgres from "postgres"
 import { defaultRetryPolicy } from "../src/Retry.ts"
@@ -77,7 +77,7 @@ const config = {
   /** partitionKey = the order id on every message, as the README's quickstart enqueues. */
   keyed: args.given.keyed === true,
   /** The library's defaults, spelled out for the relay child (README "Configuration and defaults"). */
-  relay: { batchSize: 1000, workers: 1, pollMs: 1000, listen: true },
+  relay: { batchSize: 1000, workers: args.number("relay-workers", 1), pollMs: 1000, listen: true },
   /** The Inbox defaults; inboxProcess.ts needs them spelled out. */
   prefetch: args.number("prefetch", 32),
   transactions: args.number("transactions", 4),

@@ -114,7 +114,8 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
     }
   })
 
-const RELOOK_MS = 25
+const RELOOK_MS = 10
+const WARM_MS = 1_000
 
 /** Starts the relay's workers in the current scope; closing the scope stops them gracefully. */
 export const make = (
@@ -138,9 +139,12 @@ export const make = (
       cycle,
       batchSize: c.batchSize,
       pollMs: c.pollMs,
-      // Producers skip the NOTIFY while a committed row is due and unclaimed (migration 0005):
-      // after a partial batch, one more look catches a row committed as this worker went idle.
+      // Producers skip the NOTIFY while a committed row is due and unclaimed (migration 0005), and
+      // such a producer may commit after this worker's last look: after a cycle that claimed rows
+      // it keeps looking every RELOOK_MS for WARM_MS, which bounds that row's wait unless its
+      // transaction stays open longer than that after the enqueue.
       relookMs: RELOOK_MS,
+      warmMs: WARM_MS,
       outage: c.outage,
       wake,
       state,

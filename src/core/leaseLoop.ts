@@ -4,8 +4,10 @@
  * records the verdicts; the loop decides when to run the next one:
  *
  * - a full batch means more is waiting: go again at once (after yielding);
- * - a partial batch, with `relookMs`: look once more after that short while
- *   (a producer may have skipped its wake-up because this loop was busy);
+ * - with `relookMs`: after a cycle that claimed rows, keep looking every
+ *   `relookMs` until `warmMs` pass without a claim (a producer may have
+ *   skipped its wake-up because this loop was busy, and commit any time
+ *   after the loop looked last);
  * - otherwise wait for a wake-up (NOTIFY) or the poll interval;
  * - a failed cycle backs off on the outage schedule and tries again, forever:
  *   a retryable failure (connection lost) as a warning, any other (a missing
@@ -48,8 +50,10 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
   readonly batchSize: number
   /** Longest wait between cycles when no wake-up arrives. */
   readonly pollMs: number
-  /** After a cycle that claimed some rows but not a full batch, look again this soon. */
+  /** After a cycle that claimed rows, look again this soon… */
   readonly relookMs?: number
+  /** …and go on looking that often until this long has passed since the last cycle that claimed any. */
+  readonly warmMs?: number
   /** Backoff between failed cycles. */
   readonly outage: RetryPolicy
   readonly wake: Signal
@@ -88,20 +92,16 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
     Effect.orDie,
   )
   const relookMs = loop.relookMs === undefined ? 0 : Math.min(loop.relookMs, loop.pollMs)
-  // The second look counts toward the poll interval: polls keep their period.
-  let lookedAgain = false
+  const warmMs = Math.max(relookMs, loop.warmMs ?? relookMs)
+  // Clock time until which an empty cycle looks again after `relookMs` instead of waiting to poll.
+  let warmUntil = 0
   const pause = (claimed: number): Effect.Effect<void> => {
-    if (claimed >= loop.batchSize) {
-      lookedAgain = false
-      return Effect.yieldNow
-    }
-    if (claimed > 0 && relookMs > 0) {
-      lookedAgain = true
-      return loop.wake.wait(relookMs)
-    }
-    const wait = lookedAgain ? loop.pollMs - relookMs : loop.pollMs
-    lookedAgain = false
-    return loop.wake.wait(wait)
+    if (claimed >= loop.batchSize) return Effect.yieldNow
+    if (relookMs === 0) return loop.wake.wait(loop.pollMs)
+    return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      if (claimed > 0) warmUntil = now + warmMs
+      return loop.wake.wait(now < warmUntil ? relookMs : loop.pollMs)
+    })
   }
   return Effect.forever(Effect.flatMap(step, pause))
 }

@@ -250,6 +250,54 @@ describe("relay", () => {
     }
   })
 
+  test("a producer that skipped the NOTIFY and commits after the relay's second look is still published within moments", async () => {
+    const exchange = uniqueName("relay-warm")
+    const seen = await collect(amqpUrl(), exchange)
+    // No poll within the test: only the relay's own looks can find the late row.
+    const relay = startRelay(exchange, { pollInterval: "1 hour" })
+    await relay.runPromise(Effect.void)
+    try {
+      await sql`DELETE FROM txbox.outbox`.execute(t.db)
+      let precondition = false
+      for (let attempt = 0; attempt < 5 && !precondition; attempt++) {
+        // A backlog keeps the relay busy for a while; Z is committed meanwhile, due and unclaimed.
+        const backlog = await enqueueOrders(3_000)
+        const [z] = await enqueueOrders(1)
+        // T enqueues while Z waits: its trigger sees a due, unclaimed row and skips the NOTIFY.
+        const trx = await t.db.startTransaction().execute()
+        let late = ""
+        try {
+          const written = await Effect.runPromise(
+            Outbox.enqueue(trx, OrderPlaced, { orderId: crypto.randomUUID(), total: 1 }),
+          )
+          late = written.id
+          const waiting = await sql<{ unclaimed: boolean }>`
+            SELECT lock_token IS NULL AND visible_at <= clock_timestamp() AS unclaimed
+            FROM txbox.outbox WHERE id = ${z}`.execute(trx)
+          precondition = waiting.rows[0]?.unclaimed === true
+          // T stays open until the relay has published Z, looked once more, and gone idle.
+          await eventually("Z published", async () => seen.counts.has(z!), 10_000)
+          await eventually(
+            "backlog published",
+            async () => backlog.every((id) => seen.counts.has(id)),
+            10_000,
+          )
+          await new Promise((resolve) => setTimeout(resolve, 300))
+          await trx.commit().execute()
+        } catch (error) {
+          await trx.rollback().execute()
+          throw error
+        }
+        await eventually("the late row published", async () => seen.counts.has(late), 3_000)
+      }
+      // The scenario above only tests something when T's insert really found Z unclaimed.
+      expect(precondition).toBe(true)
+    } finally {
+      await relay.dispose()
+      await seen.close()
+    }
+  })
+
   test("enqueue writes every column as given, for one row and for several (due times from the database clock)", async () => {
     const at = new Date(Date.now() + 3_600_000)
     for (const count of [1, 3]) {
