@@ -227,6 +227,46 @@ describe("relay", () => {
     }
   })
 
+  test("a bulk enqueue into a drained outbox wakes relays and stays linear (NOTIFY trigger checks 8 rows)", async () => {
+    // Its own database: the planner's statistics are part of the scenario.
+    const own = await migratedDatabase("relay_bulk")
+    const listener = postgres(own.url, { max: 1, onnotice: () => {} })
+    let wakeups = 0
+    try {
+      // A drained outbox whose statistics say every row is sent: with 0005's trigger the planner then
+      // compared each new row with every other (a nested loop over the transition table): 20,000 rows
+      // took 5.7 s, 60,000 over 20 s.
+      await sql`INSERT INTO txbox.outbox (id, type, version, payload)
+                SELECT gen_random_uuid(), 'x', 1, '{}' FROM generate_series(1, 30000)`.execute(own.db)
+      await sql`UPDATE txbox.outbox SET status = 'sent', published_at = now()`.execute(own.db)
+      await sql`VACUUM ANALYZE txbox.outbox`.execute(own.db)
+      await sql`TRUNCATE txbox.outbox`.execute(own.db)
+      // Listening from here on: the setup's own INSERT notified too.
+      await listener.listen("txbox.outbox", () => {
+        wakeups++
+      })
+      const events = Array.from({ length: 30_000 }, () => ({
+        contract: OrderPlaced,
+        payload: { orderId: crypto.randomUUID(), total: 1 },
+      }))
+      const written = await own.db.transaction().execute(async (trx) => {
+        // Far above what the bounded check needs (≈ 0.2 s here), far below the quadratic one.
+        await sql`SET LOCAL statement_timeout = '5s'`.execute(trx)
+        return Effect.runPromise(Outbox.enqueueMany(trx, events))
+      })
+      expect(written).toHaveLength(30_000)
+      const counted = await sql<{
+        n: number
+      }>`SELECT count(*)::int AS n FROM txbox.outbox WHERE status = 'pending'`.execute(own.db)
+      expect(counted.rows[0]!.n).toBe(30_000)
+      // Every due row is this statement's: nothing else will bring a relay, so it notifies.
+      await eventually("the bulk insert's NOTIFY", async () => wakeups === 1, 3_000)
+    } finally {
+      await listener.end()
+      await own.close()
+    }
+  })
+
   test("a row whose producer skipped the NOTIFY is published within moments, not at the next poll", async () => {
     const exchange = uniqueName("relay-relook")
     const seen = await collect(amqpUrl(), exchange)
