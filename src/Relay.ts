@@ -141,8 +141,8 @@ export const make = (
       pollMs: c.pollMs,
       // Producers skip the NOTIFY while a committed row is due and unclaimed (migration 0005), and
       // such a producer may commit after this worker's last look: after a cycle that claimed rows
-      // it keeps looking every RELOOK_MS for WARM_MS, which bounds that row's wait unless its
-      // transaction stays open longer than that after the enqueue.
+      // it looks again after RELOOK_MS, 2×, 4× … for WARM_MS (7 looks when nothing comes), which
+      // bounds that row's wait unless its transaction stays open longer than that after enqueue.
       relookMs: RELOOK_MS,
       warmMs: WARM_MS,
       outage: c.outage,

@@ -4,10 +4,12 @@
  * records the verdicts; the loop decides when to run the next one:
  *
  * - a full batch means more is waiting: go again at once (after yielding);
- * - with `relookMs`: after a cycle that claimed rows, keep looking every
- *   `relookMs` until `warmMs` pass without a claim (a producer may have
- *   skipped its wake-up because this loop was busy, and commit any time
- *   after the loop looked last);
+ * - with `relookMs`: after a cycle that claimed rows, look again after
+ *   `relookMs`, then after twice that, and so on while less than `warmMs`
+ *   has passed since it (a producer may have skipped its wake-up because this
+ *   loop was busy, and commit any time after the loop looked last: most
+ *   commit within milliseconds, so the first looks are close together, and an
+ *   idle loop stops looking after a handful);
  * - otherwise wait for a wake-up (NOTIFY) or the poll interval;
  * - a failed cycle backs off on the outage schedule and tries again, forever:
  *   a retryable failure (connection lost) as a warning, any other (a missing
@@ -52,7 +54,7 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
   readonly pollMs: number
   /** After a cycle that claimed rows, look again this soon… */
   readonly relookMs?: number
-  /** …and go on looking that often until this long has passed since the last cycle that claimed any. */
+  /** …and again at doubling intervals until this long has passed since the last cycle that claimed any. */
   readonly warmMs?: number
   /** Backoff between failed cycles. */
   readonly outage: RetryPolicy
@@ -93,14 +95,21 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   )
   const relookMs = loop.relookMs === undefined ? 0 : Math.min(loop.relookMs, loop.pollMs)
   const warmMs = Math.max(relookMs, loop.warmMs ?? relookMs)
-  // Clock time until which an empty cycle looks again after `relookMs` instead of waiting to poll.
+  // Clock time until which an empty cycle looks again instead of waiting to poll, and how soon.
   let warmUntil = 0
+  let nextRelookMs = relookMs
   const pause = (claimed: number): Effect.Effect<void> => {
     if (claimed >= loop.batchSize) return Effect.yieldNow
     if (relookMs === 0) return loop.wake.wait(loop.pollMs)
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
-      if (claimed > 0) warmUntil = now + warmMs
-      return loop.wake.wait(now < warmUntil ? relookMs : loop.pollMs)
+      if (claimed > 0) {
+        warmUntil = now + warmMs
+        nextRelookMs = relookMs
+      }
+      if (now >= warmUntil) return loop.wake.wait(loop.pollMs)
+      const wait = Math.min(nextRelookMs, loop.pollMs)
+      nextRelookMs *= 2
+      return loop.wake.wait(wait)
     })
   }
   return Effect.forever(Effect.flatMap(step, pause))

@@ -1,0 +1,73 @@
+// When the lease loop looks again (core/leaseLoop.ts), on TestClock: full batches at once, the
+// doubling second looks after a cycle that claimed rows, then NOTIFY or the poll.
+import { expect, test } from "bun:test"
+import { Clock, Effect, Fiber } from "effect"
+import { TestClock } from "effect/testing"
+import { makeLoopState, runLeaseLoop } from "../../src/core/leaseLoop.ts"
+import { makeSignal } from "../../src/core/signal.ts"
+import { defaultRetryPolicy } from "../../src/Retry.ts"
+
+/** Runs a loop whose cycles claim `script[i]` rows (0 once the script ends) for `forMs` of test time; returns when each cycle ran. */
+const cycleTimes = (
+  script: ReadonlyArray<number>,
+  forMs: number,
+  options: { relookMs?: number; warmMs?: number; notifyAt?: number } = {},
+) =>
+  Effect.runPromise(
+    Effect.gen(function* () {
+      const times: number[] = []
+      const wake = makeSignal()
+      let i = 0
+      const cycle = Effect.gen(function* () {
+        times.push(yield* Clock.currentTimeMillis)
+        return script[i++] ?? 0
+      })
+      const fiber = yield* Effect.forkChild(
+        runLeaseLoop({
+          name: "test",
+          cycle,
+          batchSize: 100,
+          pollMs: 1000,
+          ...(options.relookMs === undefined ? {} : { relookMs: options.relookMs }),
+          ...(options.warmMs === undefined ? {} : { warmMs: options.warmMs }),
+          outage: defaultRetryPolicy,
+          wake,
+          state: makeLoopState(),
+        }),
+      )
+      for (let t = 0; t < forMs; t += 5) {
+        if (options.notifyAt === t) wake.notify()
+        yield* TestClock.adjust(5)
+      }
+      yield* Fiber.interrupt(fiber)
+      return times
+    }).pipe(Effect.provide(TestClock.layer())),
+  )
+
+test("without second looks: a partial batch waits for the poll, a full one goes again at once", async () => {
+  const times = await cycleTimes([100, 100, 5], 2_500)
+  // Full batches: the next cycle runs as soon as the loop's fiber is scheduled (the test clock
+  // advances in 5 ms steps), never after a wait; the partial one, and the empty ones after it, poll.
+  const gaps = times.slice(1).map((t, i) => t - times[i]!)
+  expect(gaps.length).toBe(4)
+  expect(gaps[0]).toBeLessThanOrEqual(5)
+  expect(gaps[1]).toBeLessThanOrEqual(5)
+  expect(gaps.slice(2)).toEqual([1000, 1000])
+})
+
+test("after a cycle that claimed rows: looks after 10, 20, 40 … ms while within warmMs, then polls", async () => {
+  const times = await cycleTimes([5], 3_000, { relookMs: 10, warmMs: 1000 })
+  // Looks at +10, +30, +70, +150, +310, +630, +1270 (the last wait began inside the window), then the poll.
+  expect(times).toEqual([0, 10, 30, 70, 150, 310, 630, 1270, 2270])
+})
+
+test("a look that finds rows starts the doubling again from relookMs", async () => {
+  const times = await cycleTimes([5, 0, 0, 3], 400, { relookMs: 10, warmMs: 1000 })
+  // 0 claims 5; +10 and +30 find nothing; +70 finds 3: next looks +10, +30, +70, +150, +310 after it.
+  expect(times).toEqual([0, 10, 30, 70, 80, 100, 140, 220, 380])
+})
+
+test("a NOTIFY cuts any wait short", async () => {
+  const times = await cycleTimes([], 600, { relookMs: 10, warmMs: 1000, notifyAt: 400 })
+  expect(times).toEqual([0, 400])
+})
