@@ -98,16 +98,22 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   // Clock time until which an empty cycle looks again instead of waiting to poll, and how soon.
   let warmUntil = 0
   let nextRelookMs = relookMs
+  // Polls fall on this time plus whole poll intervals (the last cycle that claimed rows): the
+  // second looks come between polls and never shift them.
+  let anchor: number | undefined
   const pause = (claimed: number): Effect.Effect<void> => {
     if (claimed >= loop.batchSize) return Effect.yieldNow
     if (relookMs === 0) return loop.wake.wait(loop.pollMs)
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      if (claimed > 0 || anchor === undefined) anchor = now
       if (claimed > 0) {
         warmUntil = now + warmMs
         nextRelookMs = relookMs
       }
-      if (now >= warmUntil) return loop.wake.wait(loop.pollMs)
-      const wait = Math.min(nextRelookMs, loop.pollMs)
+      const sinceTick = (now - anchor) % loop.pollMs
+      const toPoll = loop.pollMs - sinceTick
+      if (now >= warmUntil) return loop.wake.wait(toPoll)
+      const wait = Math.min(nextRelookMs, toPoll)
       nextRelookMs *= 2
       return loop.wake.wait(wait)
     })
