@@ -106,6 +106,11 @@ const freshProject = (name: string, files: Record<string, string>) => {
   return dir
 }
 
+/** `npm install` of the packed tarball and `packages` into `dir`, as a user of that project would. */
+const npmInstall = (dir: string, packages: ReadonlyArray<string>) =>
+  // --prefer-offline: most packages are in npm's cache from installing this repo.
+  run(["npm", "install", "--no-audit", "--no-fund", "--prefer-offline", tarball, ...packages], dir)
+
 const recordSize = async (name: string, dir: string, installed: string) => {
   const kb = await sizeKb(join(dir, installed))
   sizes[name] = `${(kb / 1024).toFixed(1)} MB`
@@ -303,24 +308,7 @@ describe("Node 22: npm install txbox effect kysely@0.29 pg amqplib", () => {
         files: ["check.ts"],
       }),
     })
-    // --prefer-offline: most packages are in npm's cache from installing this repo.
-    await run(
-      [
-        "npm",
-        "install",
-        "--no-audit",
-        "--no-fund",
-        "--prefer-offline",
-        tarball,
-        "effect",
-        "kysely@^0.29",
-        "pg",
-        "@types/pg",
-        "amqplib",
-        "valibot",
-      ],
-      dir,
-    )
+    await npmInstall(dir, ["effect", "kysely@^0.29", "pg", "@types/pg", "amqplib", "valibot"])
     await recordSize(
       "node (txbox, effect, kysely 0.29, pg, @types/pg, amqplib, valibot)",
       dir,
@@ -716,21 +704,7 @@ describe("PGlite: npm install txbox effect kysely@0.29 @electric-sql/pglite", ()
       "package.json": JSON.stringify({ name: "pglite-app", private: true, type: "module" }),
       "main.test.mjs": pgliteMain,
     })
-    await run(
-      [
-        "npm",
-        "install",
-        "--no-audit",
-        "--no-fund",
-        "--prefer-offline",
-        tarball,
-        "effect",
-        "kysely@^0.29",
-        "@electric-sql/pglite",
-        "valibot",
-      ],
-      dir,
-    )
+    await npmInstall(dir, ["effect", "kysely@^0.29", "@electric-sql/pglite", "valibot"])
     await recordSize(
       "pglite (txbox, effect, kysely 0.29, @electric-sql/pglite, valibot)",
       dir,
@@ -845,23 +819,7 @@ describe("Cloudflare Worker: npm install txbox effect kysely postgres valibot (+
       "worker.mjs": edgeWorker,
       "main.test.mjs": edgeMain,
     })
-    await run(
-      [
-        "npm",
-        "install",
-        "--no-audit",
-        "--no-fund",
-        "--prefer-offline",
-        tarball,
-        "effect",
-        "kysely@^0.29",
-        "postgres",
-        "valibot",
-        "amqplib",
-        "miniflare@^4",
-      ],
-      dir,
-    )
+    await npmInstall(dir, ["effect", "kysely@^0.29", "postgres", "valibot", "amqplib", "miniflare@^4"])
     // Bundled as wrangler would: one ES module, postgres.js's "workerd" build, the runtime's own
     // modules (node:*, cloudflare:*) left to workerd.
     await run(
