@@ -6,14 +6,14 @@
 //
 //   bun bench/profile.ts [--quick] [--rows 200000] [--messages 100000] [--queue classic|quorum]
 
-import amqp, { type Options } from "amqplib"
+import type { Options } from "amqplib"
 import { Effect, ManagedRuntime } from "effect"
 import { uuidv7 } from "../src/core/uuid.ts"
 import { OutboxStore } from "../src/ports/OutboxStore.ts"
 import { type OutgoingMessage, Transport } from "../src/ports/Transport.ts"
 import * as PostgresStore from "../src/storage/PostgresStore.ts"
 import * as AmqpTransport from "../src/transport/amqp/AmqpTransport.ts"
-import { declareSink, encodeBench, type QueueType } from "./support/amqp.ts"
+import { declareSink, type Encoded, type QueueType, rawPublish } from "./support/amqp.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
 import { BENCH_TYPE, createBenchDatabase, fillOutbox, outboxStatus } from "./support/db.ts"
 import { log, main, parseArgs, printTable, round, withServices, writeResult } from "./support/harness.ts"
@@ -39,6 +39,14 @@ interface Line {
 
 const perMessageUs = (cores: number | undefined, rate: number) =>
   cores === undefined ? undefined : round((cores / rate) * 1e6, 1)
+
+/** The message's id and persistence only: what the wire costs without txbox's CloudEvents properties. */
+const bareProperties = (m: Encoded): Options.Publish => ({
+  messageId: m.options.messageId!,
+  persistent: true,
+  mandatory: true,
+  contentType: "application/json",
+})
 
 main(() =>
   withServices(async (services) => {
@@ -274,43 +282,16 @@ main(() =>
 
         for (const bare of [false, true]) {
           const sink = await declareSink(services.amqpUrl, queue, "bench.profile")
-          const connection = await amqp.connect(services.amqpUrl)
           try {
-            const channel = await connection.createConfirmChannel({ highWaterMark: 2000 })
-            const window = 2000
-            let sent = 0
-            let confirmed = 0
-            let waitingDrain = false
             const before = meter.sample()
-            await new Promise<void>((resolve) => {
-              const onConfirm = () => {
-                if (++confirmed === config.messages) resolve()
-                else if (!waitingDrain) pump()
-              }
-              const pump = () => {
-                while (sent < config.messages && sent - confirmed < window) {
-                  const m = encodeBench(sent, bodies[sent % bodies.length])
-                  const options: Options.Publish = bare
-                    ? {
-                        messageId: m.options.messageId!,
-                        persistent: true,
-                        mandatory: true,
-                        contentType: "application/json",
-                      }
-                    : m.options
-                  sent++
-                  if (!channel.publish(sink.exchange, m.routingKey, m.content, options, onConfirm)) {
-                    waitingDrain = true
-                    channel.once("drain", () => {
-                      waitingDrain = false
-                      pump()
-                    })
-                    return
-                  }
-                }
-              }
-              pump()
-            })
+            await rawPublish(
+              services.amqpUrl,
+              sink.exchange,
+              config.messages,
+              2000,
+              1,
+              bare ? bareProperties : undefined,
+            )
             const cpu = meter.use(before, meter.sample())
             lines.push({
               key: `${queue}.raw.${bare ? "bare" : "cloudEvents"}`,
@@ -325,7 +306,6 @@ main(() =>
               `${queue} raw, ${bare ? "bare" : "CloudEvents"} properties: ${Math.round(config.messages / cpu.seconds)} msg/s`,
             )
           } finally {
-            await connection.close().catch(() => {})
             await sink.close()
           }
         }

@@ -83,7 +83,8 @@ export interface PublishRun {
  * The raw ceiling: `channels` amqplib confirm channels on one connection, each keeping `window`
  * messages unconfirmed, refilling from each confirm callback, honouring `drain`, and publishing its
  * share of `count`. Messages are encoded as they go (any publisher pays that), from bodies built
- * beforehand (the relay gets its bodies from the database).
+ * beforehand (the relay gets its bodies from the database). `properties` replaces txbox's message
+ * properties (e.g. bare ones, to price the wire format).
  */
 export const rawPublish = async (
   url: string,
@@ -91,6 +92,7 @@ export const rawPublish = async (
   count: number,
   window: number,
   channels = 1,
+  properties?: (message: Encoded) => Options.Publish,
 ): Promise<PublishRun> => {
   const bodies = Array.from({ length: Math.min(count, 10_000) }, (_, i) => makeBody(i))
   const connection = await amqp.connect(url)
@@ -125,7 +127,8 @@ export const rawPublish = async (
             const m = encodeBench(i, bodies[i % bodies.length])
             sent++
             inFlight++
-            if (!channel.publish(exchange, m.routingKey, m.content, m.options, onConfirm)) {
+            const options = properties === undefined ? m.options : properties(m)
+            if (!channel.publish(exchange, m.routingKey, m.content, options, onConfirm)) {
               waitingDrain = true
               channel.once("drain", () => {
                 waitingDrain = false
