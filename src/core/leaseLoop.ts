@@ -105,11 +105,12 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
     if (claimed >= loop.batchSize) return Effect.yieldNow
     if (relookMs === 0) return loop.wake.wait(loop.pollMs)
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
-      if (claimed > 0 || anchor === undefined) anchor = now
       if (claimed > 0) {
+        anchor = now
         warmUntil = now + warmMs
         nextRelookMs = relookMs
       }
+      anchor ??= now
       const sinceTick = (now - anchor) % loop.pollMs
       const toPoll = loop.pollMs - sinceTick
       if (now >= warmUntil) return loop.wake.wait(toPoll)

@@ -65,6 +65,24 @@ const enqueueOrders = async (count: number, options: Outbox.EnqueueOptions = {})
   return ids
 }
 
+/** A relay publishing to a fresh exchange whose messages `seen` collects, for the length of `body`. */
+const withRelay = async (
+  name: string,
+  config: Relay.RelayConfig,
+  body: (seen: Awaited<ReturnType<typeof collect>>) => Promise<void>,
+) => {
+  const exchange = uniqueName(name)
+  const seen = await collect(amqpUrl(), exchange)
+  const relay = startRelay(exchange, config)
+  await relay.runPromise(Effect.void)
+  try {
+    await body(seen)
+  } finally {
+    await relay.dispose()
+    await seen.close()
+  }
+}
+
 const rowsOf = async (ids: string[]) =>
   (
     await sql<{ id: string; status: string; attempts: number; last_error: string | null; visible_at: Date }>`
@@ -168,12 +186,8 @@ describe("enqueue", () => {
 })
 
 describe("relay", () => {
-  test("a delayed message is published at or after its due time, not before", async () => {
-    const exchange = uniqueName("relay-delay")
-    const seen = await collect(amqpUrl(), exchange)
-    const relay = startRelay(exchange)
-    await relay.runPromise(Effect.void)
-    try {
+  test("a delayed message is published at or after its due time, not before", () =>
+    withRelay("relay-delay", {}, async (seen) => {
       const committedAt = Date.now()
       const [id] = await enqueueOrders(1, { delay: "1500 millis" })
       await Bun.sleep(1000)
@@ -187,11 +201,7 @@ describe("relay", () => {
         t.db,
       )
       expect(Number(row.rows[0]!.gap)).toBeGreaterThanOrEqual(1500)
-    } finally {
-      await relay.dispose()
-      await seen.close()
-    }
-  })
+    }))
 
   test("enqueue wakes relays with NOTIFY only while no committed row is due and unclaimed", async () => {
     // A LISTEN of our own on the outbox channel counts the wake-ups; no relay runs on this database.
@@ -267,13 +277,9 @@ describe("relay", () => {
     }
   })
 
-  test("a row whose producer skipped the NOTIFY is published within moments, not at the next poll", async () => {
-    const exchange = uniqueName("relay-relook")
-    const seen = await collect(amqpUrl(), exchange)
+  test("a row whose producer skipped the NOTIFY is published within moments, not at the next poll", () =>
     // A poll no test waits for: only a NOTIFY or the relay's second look can publish in time.
-    const relay = startRelay(exchange, { pollInterval: "1 hour" })
-    await relay.runPromise(Effect.void)
-    try {
+    withRelay("relay-relook", { pollInterval: "1 hour" }, async (seen) => {
       await sql`DELETE FROM txbox.outbox`.execute(t.db)
       for (let round = 0; round < 20; round++) {
         // Producers racing the relay's last batch: some of them see a due row and skip the NOTIFY.
@@ -284,19 +290,11 @@ describe("relay", () => {
           3_000,
         )
       }
-    } finally {
-      await relay.dispose()
-      await seen.close()
-    }
-  })
+    }))
 
-  test("a producer that skipped the NOTIFY and commits after the relay's second look is still published within moments", async () => {
-    const exchange = uniqueName("relay-warm")
-    const seen = await collect(amqpUrl(), exchange)
+  test("a producer that skipped the NOTIFY and commits after the relay's second look is still published within moments", () =>
     // No poll within the test: only the relay's own looks can find the late row.
-    const relay = startRelay(exchange, { pollInterval: "1 hour" })
-    await relay.runPromise(Effect.void)
-    try {
+    withRelay("relay-warm", { pollInterval: "1 hour" }, async (seen) => {
       await sql`DELETE FROM txbox.outbox`.execute(t.db)
       let precondition = false
       for (let attempt = 0; attempt < 5 && !precondition; attempt++) {
@@ -332,11 +330,7 @@ describe("relay", () => {
       }
       // The scenario above only tests something when T's insert really found Z unclaimed.
       expect(precondition).toBe(true)
-    } finally {
-      await relay.dispose()
-      await seen.close()
-    }
-  })
+    }))
 
   test("enqueue writes every column as given, for one row and for several (due times from the database clock)", async () => {
     const at = new Date(Date.now() + 3_600_000)

@@ -26,7 +26,8 @@ export class AckCoalescer {
   private readonly channel: AckChannel
   private readonly schedule: (flush: () => void) => void
 
-  constructor(channel: AckChannel, schedule: (flush: () => void) => void = (flush) => setImmediate(flush)) {
+  /** `schedule` runs `flush` at the end of the current turn of the event loop (the caller's setImmediate). */
+  constructor(channel: AckChannel, schedule: (flush: () => void) => void) {
     this.channel = channel
     this.schedule = schedule
   }
@@ -63,13 +64,11 @@ export class AckCoalescer {
       last = message
       run++
     }
+    const covered = last === undefined ? 0 : last.fields.deliveryTag
     const singles: Message[] = []
     for (const [tag, message] of this.pending) {
-      if (last !== undefined && tag <= last.fields.deliveryTag) this.unsettled.delete(tag)
-      else {
-        this.unsettled.delete(tag)
-        singles.push(message)
-      }
+      this.unsettled.delete(tag)
+      if (tag > covered) singles.push(message)
     }
     this.pending.clear()
     if (last !== undefined) this.channel.ack(last, run > 1)

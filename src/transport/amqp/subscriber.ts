@@ -168,19 +168,25 @@ export const makeSubscribe = (
         return Effect.sync(() => generation.publisher.abandon(batch))
       })
 
-    const ack = (generation: Generation, message: ConsumeMessage): void => {
-      // A closed channel cannot ack; the broker redelivers the message instead.
+    /**
+     * Settles on the channel while it is open. A closed channel cannot ack or nack: the broker
+     * redelivers what was not settled, so a failure here loses nothing.
+     */
+    const onChannel = (generation: Generation, settle: () => void): void => {
       if (!generation.open) return
-      generation.acks.ack(message)
-    }
-
-    const requeue = (generation: Generation, message: ConsumeMessage): void => {
-      if (!generation.open) return
-      generation.acks.settled(message)
       try {
-        generation.channel.nack(message, false, true)
+        settle()
       } catch {}
     }
+
+    const ack = (generation: Generation, message: ConsumeMessage): void =>
+      onChannel(generation, () => generation.acks.ack(message))
+
+    const requeue = (generation: Generation, message: ConsumeMessage): void =>
+      onChannel(generation, () => {
+        generation.acks.settled(message)
+        generation.channel.nack(message, false, true)
+      })
 
     /** Copies the message to the delay queue, waits for the broker's confirm, then acks the original. */
     const retry = (
@@ -269,13 +275,7 @@ export const makeSubscribe = (
             const lost = Deferred.makeUnsafe<unknown>()
             let lastError: unknown
             const acks = new AckCoalescer(channel, (flush) =>
-              setImmediate(() => {
-                // A closed channel cannot ack; the broker redelivers what was not acked.
-                if (!generation.open) return
-                try {
-                  flush()
-                } catch {}
-              }),
+              setImmediate(() => onChannel(generation, flush)),
             )
             const generation: Generation = {
               channel,
@@ -305,12 +305,7 @@ export const makeSubscribe = (
         // of the turn go out before the channel closes (else the broker redelivers them).
         yield* Scope.addFinalizer(
           scope,
-          Effect.sync(() => {
-            if (!generation.open) return
-            try {
-              generation.acks.flush()
-            } catch {}
-          }),
+          Effect.sync(() => onChannel(generation, () => generation.acks.flush())),
         )
         yield* declareTopology(live)
         yield* rpc(operation, timeoutMs, () => channel.prefetch(options.prefetch))
