@@ -159,10 +159,8 @@ export const enqueueMany = (
   events: ReadonlyArray<EventInput>,
 ): Effect.Effect<ReadonlyArray<EnqueuedMessage>, ValidationError | StoreError | ConfigError> =>
   // A span without the stack trace Effect.fn would capture on every call: enqueue runs once per
-  // business transaction, and the trace cost more than the span.
-  enqueueRows(executor, events).pipe(
-    Effect.withSpan("Outbox.enqueue", undefined, { captureStackTrace: false }),
-  )
+  // business transaction, and the trace cost more than the span. None without a tracer.
+  enqueueRows(executor, events).pipe(trace.spanned("Outbox.enqueue", undefined, { captureStackTrace: false }))
 
 const enqueueRows = Effect.fnUntraced(function* (executor: Executor, events: ReadonlyArray<EventInput>) {
   // The store layer's schema (or "txbox"): enqueue writes where the relay reads.

@@ -114,7 +114,10 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
     }
   })
 
+/** At a steady load a worker claims this often: the batch grows with the rate, the claims do not. */
 const RELOOK_MS = 10
+/** Producers skip the NOTIFY while a row was published within 50 ms (migration 0007): twice that. */
+const HOT_MS = 100
 const WARM_MS = 1_000
 
 /** Starts the relay's workers in the current scope; closing the scope stops them gracefully. */
@@ -139,11 +142,13 @@ export const make = (
       cycle,
       batchSize: c.batchSize,
       pollMs: c.pollMs,
-      // Producers skip the NOTIFY while a committed row is due and unclaimed (migration 0005), and
-      // such a producer may commit after this worker's last look: after a cycle that claimed rows
-      // it looks again after RELOOK_MS, 2×, 4× … for WARM_MS (7 looks when nothing comes), which
-      // bounds that row's wait unless its transaction stays open longer than that after enqueue.
+      // Producers skip the NOTIFY while a relay published within the last 50 ms or a committed
+      // row is due and unclaimed (migration 0007), and such a producer may commit after this
+      // worker's last look: after a cycle that claimed rows it looks again every RELOOK_MS for
+      // HOT_MS, then after 2×, 4× … for WARM_MS, which bounds that row's wait unless its
+      // transaction stays open longer than that after enqueue.
       relookMs: RELOOK_MS,
+      hotMs: HOT_MS,
       warmMs: WARM_MS,
       outage: c.outage,
       wake,

@@ -8,7 +8,7 @@ import type { Transaction } from "kysely"
 import type { AnyContract, PayloadOf } from "../Contract.ts"
 import * as Metrics from "../Metrics.ts"
 import type { MessagingIdentity, PartitionPosition } from "../ports/Transport.ts"
-import { parentFromTraceparent } from "./trace.ts"
+import { isTracing, parentFromTraceparent } from "./trace.ts"
 
 /** What a handler knows about the message besides its payload. */
 export interface Envelope {
@@ -111,18 +111,23 @@ export const runHandler = (
   timeoutMs: number,
   messaging?: MessagingIdentity,
 ): Effect.Effect<void, HandlerFailed> => {
-  const parent = parentFromTraceparent(envelope.headers.traceparent)
   // Interruptible even inside the processor's uninterruptible batch, so the timeout can stop it.
-  return Effect.interruptible(handler.handle({ payload, envelope, trx })).pipe(
+  const handled = Effect.interruptible(handler.handle({ payload, envelope, trx })).pipe(
     Effect.timeoutOrElse({
       duration: timeoutMs,
       orElse: () => Effect.fail(`handler timed out after ${timeoutMs} ms`),
     }),
     Effect.catchCause((cause) => Effect.fail(new HandlerFailed(describe(Cause.squash(cause))))),
     (handle) => Metrics.timed(Metrics.handlerDuration, handle),
-    // A CONSUMER span, child of the producer's PRODUCER span (the relay's publish) when the
-    // message carries its traceparent.
-    Effect.withSpan(
+  )
+  // A CONSUMER span, child of the producer's PRODUCER span (the relay's publish) when the message
+  // carries its traceparent. Without a tracer, only for a message that carries a trace (its
+  // producer's code ran in a span): the handler's code may read the span, and the trace goes on.
+  return Effect.flatMap(isTracing, (tracing) => {
+    const traceparent = envelope.headers.traceparent
+    if (!tracing && traceparent === undefined) return handled
+    const parent = parentFromTraceparent(traceparent)
+    return Effect.withSpan(
       "Inbox.handle",
       {
         kind: "consumer",
@@ -131,6 +136,6 @@ export const runHandler = (
       },
       // One span per message: the stack trace Effect would capture for it costs more than the span.
       { captureStackTrace: false },
-    ),
-  )
+    )(handled)
+  })
 }

@@ -4,13 +4,17 @@
  * records the verdicts; the loop decides when to run the next one:
  *
  * - a full batch means more is waiting: go again at once (after yielding);
- * - with `relookMs`: after a cycle that claimed rows, look again after
- *   `relookMs`, then after twice that, and so on while less than `warmMs`
- *   has passed since it (a producer may have skipped its wake-up because this
- *   loop was busy, and commit any time after the loop looked last: most
- *   commit within milliseconds, so the first looks are close together, and an
- *   idle loop stops looking after a handful);
- * - otherwise wait for a wake-up (NOTIFY) or the poll interval;
+ * - with `relookMs`: after a cycle that claimed rows, look again every
+ *   `relookMs` for `hotMs` (producers skip their wake-up while a loop is this
+ *   warm: migration 0007), then after twice that, four times … while less
+ *   than `warmMs` has passed since it (a producer may commit a while after
+ *   its insert decided not to wake anyone: the looks thin out, and an idle
+ *   loop stops looking after a handful). At a steady load a loop thus claims
+ *   every `relookMs`, whatever the rate: the batches grow with the load
+ *   instead of the claims;
+ * - otherwise wait for a wake-up (NOTIFY) or the poll interval, and never
+ *   claim again within `relookMs` of the last cycle: a burst of wake-ups is
+ *   one claim, not one each;
  * - a failed cycle backs off on the outage schedule and tries again, forever:
  *   a retryable failure (connection lost) as a warning, any other (a missing
  *   table, a read-only database after failover) loudly as an error, since it
@@ -52,9 +56,11 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
   readonly batchSize: number
   /** Longest wait between cycles when no wake-up arrives. */
   readonly pollMs: number
-  /** After a cycle that claimed rows, look again this soon… */
+  /** After a cycle that claimed rows, look again this often… */
   readonly relookMs?: number
-  /** …and again at doubling intervals until this long has passed since the last cycle that claimed any. */
+  /** …for this long after it… @default relookMs */
+  readonly hotMs?: number
+  /** …then at doubling intervals until this long has passed since the last cycle that claimed any. */
   readonly warmMs?: number
   /** Backoff between failed cycles. */
   readonly outage: RetryPolicy
@@ -94,29 +100,44 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
     Effect.orDie,
   )
   const relookMs = loop.relookMs === undefined ? 0 : Math.min(loop.relookMs, loop.pollMs)
-  const warmMs = Math.max(relookMs, loop.warmMs ?? relookMs)
-  // Clock time until which an empty cycle looks again instead of waiting to poll, and how soon.
+  const hotMs = Math.max(relookMs, loop.hotMs ?? relookMs)
+  const warmMs = Math.max(hotMs, loop.warmMs ?? hotMs)
+  // Clock times until which an empty cycle looks again instead of waiting to poll: every relookMs
+  // until hotUntil, then at doubling intervals until warmUntil.
+  let hotUntil = 0
   let warmUntil = 0
   let nextRelookMs = relookMs
+  // When the last cycle ended: a wake-up within relookMs of it waits for the rest.
+  let lastEnd = 0
   // Polls fall on this time plus whole poll intervals (the last cycle that claimed rows): the
   // second looks come between polls and never shift them.
   let anchor: number | undefined
+  const awoken = (timeoutMs: number): Effect.Effect<void> =>
+    Effect.flatMap(loop.wake.wait(timeoutMs), () =>
+      Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        const early = lastEnd + relookMs - now
+        return early > 0 ? Effect.sleep(early) : Effect.void
+      }),
+    )
   const pause = (claimed: number): Effect.Effect<void> => {
     if (claimed >= loop.batchSize) return Effect.yieldNow
     if (relookMs === 0) return loop.wake.wait(loop.pollMs)
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      lastEnd = now
       if (claimed > 0) {
         anchor = now
+        hotUntil = now + hotMs
         warmUntil = now + warmMs
-        nextRelookMs = relookMs
+        nextRelookMs = relookMs * 2
       }
       anchor ??= now
       const sinceTick = (now - anchor) % loop.pollMs
       const toPoll = loop.pollMs - sinceTick
-      if (now >= warmUntil) return loop.wake.wait(toPoll)
+      if (now < hotUntil) return Effect.sleep(Math.min(relookMs, toPoll))
+      if (now >= warmUntil) return awoken(toPoll)
       const wait = Math.min(nextRelookMs, toPoll)
       nextRelookMs *= 2
-      return loop.wake.wait(wait)
+      return awoken(wait)
     })
   }
   return Effect.forever(Effect.flatMap(step, pause))

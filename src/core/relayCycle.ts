@@ -14,6 +14,7 @@ import type { OutgoingMessage, PublishOutcome, TransportShape } from "../ports/T
 import { type RetryPolicy, schedule } from "../Retry.ts"
 import { bounded } from "./bounded.ts"
 import { holdingLease } from "./heartbeat.ts"
+import { spanned } from "./trace.ts"
 import { publishFailure, verdictFor } from "./verdict.ts"
 
 export interface RelaySettings {
@@ -68,7 +69,7 @@ export const relayCycle = (
   // Asked for anew each cycle: a store may decide (or mint a token) when called, not when run.
   const claim = Effect.suspend(() => store.claim(s.batchSize, s.leaseMs)).pipe(
     bounded("Relay.claim", s.statementTimeoutMs),
-    Effect.withSpan("Relay.claim"),
+    spanned("Relay.claim"),
   )
 
   const publish = (rows: ReadonlyArray<OutboxMessage>) =>
@@ -81,7 +82,7 @@ export const relayCycle = (
           outage: error,
         }),
       ),
-      Effect.withSpan("Relay.publish"),
+      spanned("Relay.publish"),
     )
 
   // A failed mark is retried for a while (the rows are confirmed; only the
@@ -94,7 +95,7 @@ export const relayCycle = (
         bounded("Relay.mark", s.statementTimeoutMs),
         Effect.retry({ schedule: schedule(s.outage), while: (e) => e.retryable }),
         bounded("Relay.mark", s.leaseMs / 2),
-        Effect.withSpan("Relay.mark"),
+        spanned("Relay.mark"),
       )
 
   return Effect.gen(function* () {
@@ -139,7 +140,7 @@ export const relayCycle = (
     if (retried > 0) yield* Metric.update(retriedOutbox, retried)
     if (outage) return yield* outage
     return rows.length
-  }).pipe(Effect.withSpan("Relay.batch", { root: true }))
+  }).pipe(spanned("Relay.batch", { root: true }))
 }
 
 /** Keeps `lag.seconds` (the age of the oldest due message) fresh; an index-first-entry read, cheap every few seconds. */

@@ -12,6 +12,23 @@ export const traceparentOf = (span: Tracer.AnySpan): string | undefined => {
     : undefined
 }
 
+/**
+ * Whether spans go anywhere. Effect's default tracer (`Tracer.nativeTracer`)
+ * keeps them in memory only; with it txbox makes none of its own spans, since
+ * a span per message or batch cost the relay and the inbox a large share of
+ * their CPU for nothing anyone could see (bench/cost.ts). A span of the
+ * caller's is still carried on as the message's `traceparent`.
+ */
+export const isTracing: Effect.Effect<boolean> = Effect.map(Effect.tracer, (t) => t !== Tracer.nativeTracer)
+
+/** `Effect.withSpan`, only when a tracer other than Effect's in-memory default is installed. */
+export const spanned =
+  (name: string, options?: Tracer.SpanOptionsNoTrace, traceOptions?: Tracer.TraceOptions) =>
+  <A, E, R>(self: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+    Effect.flatMap(Effect.tracer, (t) =>
+      t === Tracer.nativeTracer ? self : Effect.withSpan(name, options, traceOptions)(self),
+    )
+
 /** The current span as a `traceparent` header, if there is a span. */
 export const currentTraceparent: Effect.Effect<string | undefined> = Effect.map(
   Effect.option(Effect.currentSpan),

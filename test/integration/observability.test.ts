@@ -89,6 +89,31 @@ test("the consumer's handler span carries the producer's trace id", async () => 
   }
 })
 
+test("without a tracer txbox adds no spans of its own: a message carries a traceparent only from the caller's span", async () => {
+  const headersOf = async (id: string) =>
+    (
+      await sql<{
+        headers: Record<string, string>
+      }>`SELECT headers FROM txbox.outbox WHERE id = ${id}::uuid`.execute(t.db)
+    ).rows[0]!.headers
+  // No span anywhere (Effect's default, in-memory tracer): no trace to carry on.
+  const plain = await t.db
+    .transaction()
+    .execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Note, { note: "untraced" })))
+  expect((await headersOf(plain.id)).traceparent).toBeUndefined()
+  // The caller's own span is carried on, not one of txbox's.
+  const { id, traceparent } = await t.db.transaction().execute((trx) =>
+    Effect.runPromise(
+      Effect.gen(function* () {
+        const span = yield* Effect.currentSpan
+        const written = yield* Outbox.enqueue(trx, Note, { note: "traced" })
+        return { id: written.id, traceparent: `00-${span.traceId}-${span.spanId}-01` }
+      }).pipe(Effect.withSpan("checkout")),
+    ),
+  )
+  expect((await headersOf(id)).traceparent).toBe(traceparent)
+})
+
 test("metrics counters move as the pipeline works", async () => {
   const consumer = uniqueName("metered")
   const runtime = start(uniqueName("obs-metrics"), consumer)

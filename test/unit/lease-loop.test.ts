@@ -1,5 +1,6 @@
 // When the lease loop looks again (core/leaseLoop.ts), on TestClock: full batches at once, the
-// doubling second looks after a cycle that claimed rows, then NOTIFY or the poll.
+// second looks after a cycle that claimed rows (a steady cadence, then doubling), then NOTIFY or the
+// poll, and never a claim per wake-up.
 import { expect, test } from "bun:test"
 import { Clock, Effect, Fiber } from "effect"
 import { TestClock } from "effect/testing"
@@ -11,7 +12,7 @@ import { defaultRetryPolicy } from "../../src/Retry.ts"
 const cycleTimes = (
   script: ReadonlyArray<number>,
   forMs: number,
-  options: { relookMs?: number; warmMs?: number; notifyAt?: number } = {},
+  options: { relookMs?: number; hotMs?: number; warmMs?: number; notifyAt?: ReadonlyArray<number> } = {},
 ) =>
   Effect.runPromise(
     Effect.gen(function* () {
@@ -29,6 +30,7 @@ const cycleTimes = (
           batchSize: 100,
           pollMs: 1000,
           ...(options.relookMs === undefined ? {} : { relookMs: options.relookMs }),
+          ...(options.hotMs === undefined ? {} : { hotMs: options.hotMs }),
           ...(options.warmMs === undefined ? {} : { warmMs: options.warmMs }),
           outage: defaultRetryPolicy,
           wake,
@@ -36,7 +38,7 @@ const cycleTimes = (
         }),
       )
       for (let t = 0; t < forMs; t += 5) {
-        if (options.notifyAt === t) wake.notify()
+        if (options.notifyAt?.includes(t)) wake.notify()
         yield* TestClock.adjust(5)
       }
       yield* Fiber.interrupt(fiber)
@@ -61,6 +63,17 @@ test("after a cycle that claimed rows: looks after 10, 20, 40 … ms while withi
   expect(times).toEqual([0, 10, 30, 70, 150, 310, 630, 1000, 2000])
 })
 
+test("within hotMs of a cycle that claimed rows: a look every relookMs, then the doubling", async () => {
+  const times = await cycleTimes([5], 2_500, { relookMs: 10, hotMs: 50, warmMs: 1000 })
+  // Every 10 ms until +50, then +20, +40, +80 … after the last look, then the polls.
+  expect(times).toEqual([0, 10, 20, 30, 40, 50, 70, 110, 190, 350, 670, 1000, 2000])
+})
+
+test("a steady load: each look finds rows, so the loop claims every relookMs", async () => {
+  const times = await cycleTimes([3, 4, 2, 5, 1, 6], 80, { relookMs: 10, hotMs: 50, warmMs: 1000 })
+  expect(times.slice(0, 7)).toEqual([0, 10, 20, 30, 40, 50, 60])
+})
+
 test("a look that finds rows starts the doubling again from relookMs", async () => {
   const times = await cycleTimes([5, 0, 0, 3], 400, { relookMs: 10, warmMs: 1000 })
   // 0 claims 5; +10 and +30 find nothing; +70 finds 3: next looks +10, +30, +70, +150, +310 after it.
@@ -68,6 +81,15 @@ test("a look that finds rows starts the doubling again from relookMs", async () 
 })
 
 test("a NOTIFY cuts any wait short", async () => {
-  const times = await cycleTimes([], 600, { relookMs: 10, warmMs: 1000, notifyAt: 400 })
+  const times = await cycleTimes([], 600, { relookMs: 10, warmMs: 1000, notifyAt: [400] })
   expect(times).toEqual([0, 400])
+})
+
+test("wake-ups in a burst: one claim per relookMs, not one each", async () => {
+  // An idle loop (polls at 0, 1000) woken every 5 ms from 400 to 445: without the gap that is 10
+  // claims; with it a claim at most every 10 ms after the one before (the wake-up at 445 came
+  // after the claim at 440 began, so it still gets one, at 460).
+  const notifyAt = Array.from({ length: 10 }, (_, i) => 400 + 5 * i)
+  const times = await cycleTimes([], 600, { relookMs: 10, warmMs: 1000, notifyAt })
+  expect(times).toEqual([0, 400, 410, 420, 430, 440, 450, 460])
 })

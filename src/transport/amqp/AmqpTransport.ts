@@ -15,7 +15,7 @@
  * context is sent as its `traceparent` (OpenTelemetry messaging conventions).
  */
 import { Effect, Exit, Layer, Scope, Semaphore, type Tracer } from "effect"
-import { parentFromTraceparent, traceparentOf } from "../../core/trace.ts"
+import { isTracing, parentFromTraceparent, traceparentOf } from "../../core/trace.ts"
 import type { ConfigError, TransportError } from "../../Errors.ts"
 import {
   type OutgoingMessage,
@@ -169,22 +169,30 @@ const makePublish = (
       }),
     )
 
+  const publishBatch = (messages: ReadonlyArray<OutgoingMessage>, tracing: boolean) =>
+    Effect.gen(function* () {
+      if (messages.length === 0) return []
+      if (tracing) yield* Effect.annotateCurrentSpan("messaging.batch.message_count", messages.length)
+      const target = yield* publisher
+      const items = new Array<EncodeResult>(messages.length)
+      for (let i = 0; i < messages.length; i++) items[i] = encodeMessage(messages[i]!, config.source)
+      // Without a tracer no span per message: the stored traceparent (the producer's) goes as it is.
+      const spans = tracing ? yield* messageSpans(messages, items) : []
+      return yield* Effect.callback<ReadonlyArray<PublishOutcome>>((resume) => {
+        const batch = target.publish(config.exchange, items, (outcomes) => resume(Effect.succeed(outcomes)))
+        return Effect.sync(() => target.abandon(batch))
+      }).pipe(Effect.onExit((exit) => endSpans(spans, Exit.isSuccess(exit) ? exit.value : undefined)))
+    })
+
   // A CLIENT span for the batch (its messages' own spans are the PRODUCER ones).
-  return Effect.fn(PUBLISH, {
+  const span = {
     kind: "client",
     attributes: { ...system, "messaging.operation.type": "send", "messaging.operation.name": "publish" },
-  })(function* (messages: ReadonlyArray<OutgoingMessage>) {
-    if (messages.length === 0) return []
-    yield* Effect.annotateCurrentSpan("messaging.batch.message_count", messages.length)
-    const target = yield* publisher
-    const items = new Array<EncodeResult>(messages.length)
-    for (let i = 0; i < messages.length; i++) items[i] = encodeMessage(messages[i]!, config.source)
-    const spans = yield* messageSpans(messages, items)
-    return yield* Effect.callback<ReadonlyArray<PublishOutcome>>((resume) => {
-      const batch = target.publish(config.exchange, items, (outcomes) => resume(Effect.succeed(outcomes)))
-      return Effect.sync(() => target.abandon(batch))
-    }).pipe(Effect.onExit((exit) => endSpans(spans, Exit.isSuccess(exit) ? exit.value : undefined)))
-  })
+  } as const
+  return (messages: ReadonlyArray<OutgoingMessage>) =>
+    Effect.flatMap(isTracing, (tracing) =>
+      tracing ? Effect.withSpan(publishBatch(messages, true), PUBLISH, span) : publishBatch(messages, false),
+    )
 }
 
 /**
