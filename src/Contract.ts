@@ -140,37 +140,70 @@ export const validate = <C extends AnyContract>(
   })
 }
 
+/** Serialises a validated payload, or says why it cannot round-trip through JSON. */
+const serialise = <C extends AnyContract>(
+  contract: C,
+  payload: PayloadOf<C>,
+): { readonly payload: PayloadOf<C>; readonly json: string } | ValidationError => {
+  // JSON.stringify drops what JSON cannot hold (undefined, functions); a
+  // bigint throws. Either way the stored payload must round-trip, so refuse.
+  let json: string | undefined
+  let why = "payload is not JSON-serialisable"
+  try {
+    json = JSON.stringify(payload)
+  } catch (cause) {
+    why = `payload is not JSON-serialisable: ${(cause as Error).message}`
+  }
+  return json === undefined
+    ? new ValidationError({ type: contract.type, version: contract.version, issues: [{ message: why }] })
+    : { payload, json }
+}
+
+/**
+ * `encode` without an Effect, for a validator that answers synchronously (the
+ * common case: enqueue runs once per business transaction, and a fiber step
+ * per check cost more than the check). An async validator's answer comes back
+ * as an Effect to wait for.
+ */
+export const encodeSync = <C extends AnyContract>(
+  contract: C,
+  input: InputOf<C>,
+):
+  | { readonly payload: PayloadOf<C>; readonly json: string }
+  | ValidationError
+  | Effect.Effect<{ readonly payload: PayloadOf<C>; readonly json: string }, ValidationError> => {
+  let result: ReturnType<StandardSchemaV1["~standard"]["validate"]>
+  try {
+    result = contract.schema["~standard"].validate(input)
+  } catch (cause) {
+    return new ValidationError({
+      type: contract.type,
+      version: contract.version,
+      issues: [{ message: `validator threw: ${cause instanceof Error ? cause.message : String(cause)}` }],
+    })
+  }
+  const finish = (done: StandardSchemaV1.Result<PayloadOf<C>>) =>
+    done.issues
+      ? new ValidationError({ type: contract.type, version: contract.version, issues: toIssues(done.issues) })
+      : serialise(contract, done.value)
+  if (!(result instanceof Promise)) return finish(result as StandardSchemaV1.Result<PayloadOf<C>>)
+  return Effect.flatMap(
+    Effect.promise(() => result as Promise<StandardSchemaV1.Result<PayloadOf<C>>>),
+    (done) => {
+      const encoded = finish(done)
+      return encoded instanceof ValidationError ? Effect.fail(encoded) : Effect.succeed(encoded)
+    },
+  )
+}
+
 /** Validates and serialises a payload for the wire and the outbox row. */
 export const encode = <C extends AnyContract>(
   contract: C,
   input: InputOf<C>,
 ): Effect.Effect<{ readonly payload: PayloadOf<C>; readonly json: string }, ValidationError> =>
   Effect.flatMap(validate(contract, input), (payload) => {
-    // JSON.stringify drops what JSON cannot hold (undefined, functions); a
-    // bigint throws. Either way the stored payload must round-trip, so refuse.
-    let json: string | undefined
-    try {
-      json = JSON.stringify(payload)
-    } catch (cause) {
-      json = undefined
-      return Effect.fail(
-        new ValidationError({
-          type: contract.type,
-          version: contract.version,
-          issues: [{ message: `payload is not JSON-serialisable: ${(cause as Error).message}` }],
-        }),
-      )
-    }
-    if (json === undefined) {
-      return Effect.fail(
-        new ValidationError({
-          type: contract.type,
-          version: contract.version,
-          issues: [{ message: "payload is not JSON-serialisable" }],
-        }),
-      )
-    }
-    return Effect.succeed({ payload, json })
+    const encoded = serialise(contract, payload)
+    return encoded instanceof ValidationError ? Effect.fail(encoded) : Effect.succeed(encoded)
   })
 
 /** Parses (if given text) and validates a received payload. */

@@ -1,5 +1,5 @@
 /** W3C trace context (`traceparent`) to and from Effect spans. */
-import { Effect, Option, Tracer } from "effect"
+import { Effect, Tracer } from "effect"
 
 const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/
 
@@ -28,12 +28,6 @@ export const spanned =
     Effect.flatMap(Effect.tracer, (t) =>
       t === Tracer.nativeTracer ? self : Effect.withSpan(name, options, traceOptions)(self),
     )
-
-/** The current span as a `traceparent` header, if there is a span. */
-export const currentTraceparent: Effect.Effect<string | undefined> = Effect.map(
-  Effect.option(Effect.currentSpan),
-  (span) => Option.match(span, { onNone: () => undefined, onSome: traceparentOf }),
-)
 
 /** Parses a `traceparent` into an external parent span for the consumer's span. */
 export const parentFromTraceparent = (header: string | undefined): Tracer.ExternalSpan | undefined => {
