@@ -27,6 +27,7 @@ const SCRIPTS = [
   "scaleout",
   "ordered",
   "e2e",
+  "cost",
   "builder",
 ] as const
 

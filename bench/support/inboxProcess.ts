@@ -6,14 +6,15 @@
 // the inbox's transaction: an effect that commits with the inbox row, counted and checked by the bench.
 //
 // env: DB_URL, AMQP_URL, EXCHANGE, CONSUMER, MODE (idempotent | store-then-process),
-//      PREFETCH (default 32), TRANSACTIONS (default: the Inbox's), STATS_MS (default 1000), QUEUE_TYPE (default quorum), RECORD (default 0);
+//      MODE, PREFETCH, TRANSACTIONS and QUEUE_TYPE (unset or empty: the library's defaults), STATS_MS (default 1000), RECORD (default 0);
 //      BATCH, POLL_MS, CONCURRENCY: the processor's batchSize, pollInterval (ms) and
 //      processorConcurrency, only when set (else the Inbox defaults)
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
-import { sql } from "kysely"
+import { CompiledQuery } from "kysely"
 import * as Inbox from "../../src/Inbox.ts"
 import * as PostgresStore from "../../src/storage/PostgresStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { HANDLED_INSERT } from "./hand.ts"
 import { OrderPlaced, wallMs } from "./payload.ts"
 
 const env = (name: string, fallback?: string): string => {
@@ -31,7 +32,7 @@ const runtime = ManagedRuntime.make(
     AmqpTransport.layer({
       url: env("AMQP_URL"),
       exchange: env("EXCHANGE"),
-      queueType: env("QUEUE_TYPE", "quorum") as "quorum" | "classic",
+      ...(process.env.QUEUE_TYPE ? { queueType: process.env.QUEUE_TYPE as "quorum" | "classic" } : {}),
       failFast: true,
     }),
   ),
@@ -44,12 +45,13 @@ const batchSize = optional("BATCH")
 const pollMs = optional("POLL_MS")
 const concurrency = optional("CONCURRENCY")
 const transactions = optional("TRANSACTIONS")
+const prefetch = optional("PREFETCH")
 const scope = await runtime.runPromise(Scope.make())
 const handle = await runtime.runPromise(
   Inbox.make({
     consumer: env("CONSUMER"),
-    mode: env("MODE", "idempotent") as "idempotent" | "store-then-process",
-    prefetch: Number(env("PREFETCH", "32")),
+    ...(process.env.MODE ? { mode: process.env.MODE as "idempotent" | "store-then-process" } : {}),
+    ...(prefetch === undefined ? {} : { prefetch }),
     ...(batchSize === undefined ? {} : { batchSize }),
     ...(pollMs === undefined ? {} : { pollInterval: pollMs }),
     ...(concurrency === undefined ? {} : { processorConcurrency: concurrency }),
@@ -59,10 +61,15 @@ const handle = await runtime.runPromise(
         Effect.gen(function* () {
           if (payload.committedAt > 0) latencies.push([payload.serial, wallMs() - payload.committedAt])
           if (!record) return
+          // SQL text through the inbox's transaction: the same statement the hand-written inbox sends
+          // (bench/cost.ts compares the inbox, not Kysely's `sql` template).
           yield* Effect.tryPromise(() =>
-            sql`INSERT INTO bench.handled (serial, key, seq)
-                VALUES (${payload.serial}, ${envelope.partitionKey ?? null}, ${envelope.position?.seq ?? null})`.execute(
-              trx,
+            trx.executeQuery(
+              CompiledQuery.raw(HANDLED_INSERT, [
+                payload.serial,
+                envelope.partitionKey ?? null,
+                envelope.position?.seq ?? null,
+              ]),
             ),
           )
         }),

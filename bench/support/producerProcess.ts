@@ -1,8 +1,9 @@
-// A producing service in a process of its own (for bench/e2e.ts): business transactions on a
-// Kysely over node-postgres (`pg`, txbox's default driver), each `BEGIN; INSERT INTO orders …;
-// [Outbox.enqueue …;] COMMIT`, at an offered rate or flat out. Driven over stdio: prints
-// {"event":"ready"} once connected; a JSON command line
-//   {"cmd":"run","run":1,"mode":"enqueue"|"order-only","rate":250,"seconds":12.5}
+// A producing service in a process of its own (for bench/e2e.ts and bench/cost.ts): business
+// transactions on a Kysely over node-postgres (`pg`, txbox's default driver), each `BEGIN; INSERT
+// INTO orders …; [Outbox.enqueue …;] COMMIT`, at an offered rate or flat out; mode "hand" is the
+// hand-written outbox's transaction instead (support/hand.ts: plain SQL on the same `pg` pool, the
+// row into `hand.outbox`). Driven over stdio: prints {"event":"ready"} once connected; a JSON command line
+//   {"cmd":"run","run":1,"mode":"enqueue"|"order-only"|"hand","rate":250,"seconds":12.5}
 // runs for `seconds` (rate 0 = flat out: CONNECTIONS loops back to back; else transactions started
 // on a steady schedule, at most CONNECTIONS in flight, a producer that falls behind catching up as
 // fast as it can) and then prints {"event":"done","run":1,"transactions":n,"errors":n,"p50":ms,"p99":ms}
@@ -13,9 +14,10 @@
 // env: DB_URL, CONNECTIONS (default 8), INDEX (default 0), PROCESSES (default 1),
 //      KEYED ("1": partitionKey = the order id, as the README's quickstart enqueues)
 import { Effect } from "effect"
-import { Kysely, PostgresDialect } from "kysely"
+import { CompiledQuery, Kysely, PostgresDialect } from "kysely"
 import pg from "pg"
 import * as Outbox from "../../src/Outbox.ts"
+import { handTransaction, ORDER_INSERT } from "./hand.ts"
 import { makePayload, OrderPlaced } from "./payload.ts"
 
 const env = (name: string, fallback?: string): string => {
@@ -38,7 +40,7 @@ const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) })
 interface RunCommand {
   readonly cmd: "run"
   readonly run: number
-  readonly mode: "enqueue" | "order-only"
+  readonly mode: "enqueue" | "order-only" | "hand"
   /** Transactions per second of this process; 0 = flat out. */
   readonly rate: number
   readonly seconds: number
@@ -49,17 +51,19 @@ const nextSerial = () => index + processes * k++
 
 const transaction = async (command: RunCommand): Promise<void> => {
   const payload = makePayload(nextSerial())
+  if (command.mode === "hand") return handTransaction(pool, payload, command.run)
   await db.transaction().execute(async (trx) => {
-    await trx
-      .insertInto("orders")
-      .values({
-        id: payload.orderId,
-        customer_id: payload.customerId,
-        total: payload.total,
-        serial: payload.serial,
-        run: command.run,
-      })
-      .execute()
+    // The order as SQL text through the transaction, the same statement the hand-written producer
+    // sends: bench/cost.ts compares what the outbox costs, not Kysely's query builder (bench/builder.ts).
+    await trx.executeQuery(
+      CompiledQuery.raw(ORDER_INSERT, [
+        payload.orderId,
+        payload.customerId,
+        payload.total,
+        payload.serial,
+        command.run,
+      ]),
+    )
     if (command.mode === "enqueue") {
       await Effect.runPromise(
         Outbox.enqueue(trx, OrderPlaced, payload, keyed ? { partitionKey: payload.orderId } : undefined),

@@ -4,7 +4,7 @@
 // the relay's process. SIGTERM (or a "stop" line) closes the relay gracefully and exits 0.
 //
 // env: DB_URL, AMQP_URL, EXCHANGE, BATCH, WORKERS, LISTEN ("false" = polling only), POLL_MS,
-//      STATS_MS (default 1000)
+//      STATS_MS (default 1000); BATCH, WORKERS, LISTEN and POLL_MS unset or empty = the library's defaults
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import * as Relay from "../../src/Relay.ts"
 import * as PostgresStore from "../../src/storage/PostgresStore.ts"
@@ -22,11 +22,20 @@ const emit = (event: Record<string, unknown>) => {
 
 const runtime = ManagedRuntime.make(
   Layer.mergeAll(
-    PostgresStore.layer({ url: env("DB_URL"), listen: env("LISTEN", "true") !== "false" }),
+    PostgresStore.layer({
+      url: env("DB_URL"),
+      ...(process.env.LISTEN ? { listen: process.env.LISTEN !== "false" } : {}),
+    }),
     AmqpTransport.layer({ url: env("AMQP_URL"), exchange: env("EXCHANGE"), failFast: true }),
   ),
 )
 await runtime.runPromise(Effect.void)
+
+const optional = (name: string): number | undefined =>
+  process.env[name] === undefined || process.env[name] === "" ? undefined : Number(process.env[name])
+const batchSize = optional("BATCH")
+const workers = optional("WORKERS")
+const pollMs = optional("POLL_MS")
 
 const scope = await runtime.runPromise(Scope.make())
 let handle: Relay.RelayHandle | undefined
@@ -68,9 +77,9 @@ const start = async () => {
   startedAt = performance.now()
   handle = await runtime.runPromise(
     Relay.make({
-      batchSize: Number(env("BATCH", "1000")),
-      workers: Number(env("WORKERS", "1")),
-      pollInterval: Number(env("POLL_MS", "1000")),
+      ...(batchSize === undefined ? {} : { batchSize }),
+      ...(workers === undefined ? {} : { workers }),
+      ...(pollMs === undefined ? {} : { pollInterval: pollMs }),
     }).pipe(Scope.provide(scope)),
   )
   await report("stats")

@@ -59,6 +59,7 @@ describe("bench scripts --quick", () => {
     "scaleout",
     "ordered",
     "e2e",
+    "cost",
     "profile",
     "builder",
   ]) {

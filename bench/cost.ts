@@ -1,0 +1,564 @@
+// Cost per message (issue #21): the CPU every party spends per message end to end, txbox with its
+// defaults against a minimal hand-written outbox + inbox on the same driver (node-postgres `pg` and
+// amqplib), on the same services, one after the other in one run.
+//
+// - hand: support/hand.ts (tables, the producer's transaction), support/handRelayProcess.ts
+//   (SKIP LOCKED batches of 200, confirms, one UPDATE, polls every 50 ms),
+//   support/handInboxProcess.ts (one transaction per delivery, prefetch 32, 4 connections, quorum queue);
+// - txbox: support/producerProcess.ts mode "enqueue", support/relayProcess.ts and
+//   support/inboxProcess.ts (idempotent, RECORD=1) with no options: the library's defaults.
+//
+// Each run: a fresh database and exchange/queue; one producer process (4 connections) and N relay +
+// N inbox processes ("1+1", "2+2"); CPU sampled from /proc from the producers' start until every
+// committed order has its handler row; then checked from the tables (every order handled exactly once).
+//
+// The whole matrix runs `--rounds` times (hand and txbox back to back in each cell); the tables
+// show medians, the JSON every run.
+//
+//   bun bench/cost.ts [--quick] [--seconds 10] [--loads max,250,1000] [--topologies 1+1,2+2]
+//                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
+import { execFileSync } from "node:child_process"
+import { readFileSync } from "node:fs"
+import { sql } from "kysely"
+import postgres from "postgres"
+import { defaultRetryPolicy } from "../src/Retry.ts"
+import { deadQueueName, delayQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
+import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
+import { deleteTopology, uniqueName } from "./support/amqp.ts"
+import { type Child, spawnChild } from "./support/children.ts"
+import { type CpuMeter, type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
+import { createBenchDatabase } from "./support/db.ts"
+import { HAND_SCHEMA_SQL } from "./support/hand.ts"
+import {
+  type Cell,
+  log,
+  main,
+  median,
+  parseArgs,
+  printTable,
+  round,
+  sleep,
+  until,
+  withServices,
+  writeResult,
+} from "./support/harness.ts"
+
+const args = parseArgs()
+const quick = args.quick
+
+type Pipeline = "hand" | "txbox"
+type Load = number | "max"
+interface Topology {
+  readonly name: string
+  readonly relays: number
+  readonly inboxes: number
+}
+
+const listOf = <T>(name: string, fallback: string, parse: (part: string) => T): T[] =>
+  args
+    .string(name, fallback)
+    .split(",")
+    .map((p) => p.trim())
+    .filter((p) => p !== "")
+    .map(parse)
+
+const config = {
+  pipelines: listOf("pipelines", "hand,txbox", (p): Pipeline => {
+    if (p !== "hand" && p !== "txbox") throw new Error(`--pipelines: ${p} (hand, txbox)`)
+    return p
+  }),
+  loads: listOf("loads", quick ? "max" : "max,250,1000", (p): Load => {
+    if (p === "max") return p
+    const n = Number(p.replaceAll("_", ""))
+    if (!Number.isFinite(n) || n <= 0) throw new Error(`--loads: ${p} is not a rate or "max"`)
+    return n
+  }),
+  topologies: listOf("topologies", "1+1,2+2", (p): Topology => {
+    const m = /^(\d+)\+(\d+)$/.exec(p)
+    if (!m || Number(m[1]) < 1 || Number(m[2]) < 1)
+      throw new Error(`--topologies: ${p} (relays+inboxes, e.g. 1+1)`)
+    return { name: p, relays: Number(m[1]), inboxes: Number(m[2]) }
+  }),
+  /** Times the whole matrix runs; the tables show the median of each figure. */
+  rounds: args.number("rounds", quick ? 1 : 3),
+  /** Seconds the producer runs (flat out or at the offered rate). */
+  seconds: args.number("seconds", quick ? 1.5 : 10),
+  /** Pooled connections of the producer process: its loops flat out, its most in flight at a rate. */
+  connections: args.number("connections", 4),
+  drainTimeoutMs: args.number("drain-timeout", quick ? 60 : 300) * 1000,
+}
+
+const PARTIES = ["producer", "relay", "inbox", "postgres", "rabbitmq", "total", "other"] as const
+type Party = (typeof PARTIES)[number]
+
+interface Run {
+  readonly round: number
+  readonly pipeline: Pipeline
+  readonly topology: string
+  readonly load: Load
+  /** Orders committed (= messages). */
+  readonly committed: number
+  /** The producer's own time, first BEGIN to last COMMIT. */
+  readonly producerSeconds: number
+  /** Producers' last commit → last handler commit, seconds (database clock). */
+  readonly drainSeconds: number
+  /** committed / (producerSeconds + drainSeconds). */
+  readonly e2eRate: number
+  /** Commit → handler latency, ms, over every message of the run. */
+  readonly p50: number
+  readonly p99: number
+  readonly max: number
+  /** The producer's transaction time, BEGIN to COMMIT acknowledged, ms. */
+  readonly txP50: number
+  readonly txP99: number
+  /** CPU µs per message by party; undefined where /proc could not tell. */
+  readonly usPerMessage: Readonly<Record<Party, number | undefined>>
+  readonly cpu: CpuUse
+  /** The whole machine in cores, by kind (/proc/stat): where _other_ went (softirq, steal, …). */
+  readonly machine: Readonly<Record<string, number>> | undefined
+}
+
+interface ProducerLine {
+  readonly event: "ready" | "done"
+  readonly run?: number
+  readonly transactions?: number
+  readonly errors?: number
+  readonly firstError?: string
+  readonly p50?: number
+  readonly p99?: number
+  readonly seconds?: number
+}
+
+interface InboxLine {
+  readonly event: string
+  readonly processed?: number
+  readonly dead?: number
+  readonly failed?: number
+}
+
+main(() =>
+  withServices(async (services) => {
+    // A PostgreSQL of the bench's own with track_commit_timestamp (latency from both commits, read
+    // from the database), as e2e.ts does; without local binaries the services' server, insert clock.
+    let local: LocalPostgres | undefined
+    try {
+      local = await startLocalPostgres({ name: "bench-cost" })
+      const admin = postgres(local.url, { max: 1, onnotice: () => {} })
+      try {
+        await admin.unsafe(`ALTER SYSTEM SET track_commit_timestamp = 'on'`)
+      } finally {
+        await admin.end({ timeout: 5 })
+      }
+      await local.restart()
+    } catch (error) {
+      const why = error instanceof Error ? error.message.split("\n")[0] : String(error)
+      log(`no local PostgreSQL (${why}): runs on the services' server, insert-time clock`)
+      await local?.stop()
+      local = undefined
+    }
+    const serverUrl = local?.url ?? services.databaseUrl
+    const runs: Run[] = []
+    let clock: "commit" | "insert" = "insert"
+    try {
+      const meter = cpuMeter({ postgresPort: portOf(serverUrl), rabbitPort: portOf(services.amqpUrl) })
+      for (let repeat = 1; repeat <= config.rounds; repeat++) {
+        for (const topology of config.topologies) {
+          for (const load of config.loads) {
+            for (const pipeline of config.pipelines) {
+              const r = await runOnce(repeat, pipeline, topology, load, serverUrl, services.amqpUrl, meter)
+              clock = r.clock
+              runs.push(r.run)
+            }
+          }
+        }
+      }
+    } finally {
+      await local?.stop()
+    }
+
+    const clockText =
+      clock === "commit"
+        ? "producer commit → handler commit (pg_xact_commit_timestamp)"
+        : "order insert → handler insert (clock_timestamp(); no track_commit_timestamp)"
+    const header = [
+      "pipeline",
+      "messages",
+      "e2e msg/s",
+      "drain s",
+      "p50 ms",
+      "p99 ms",
+      ...PARTIES.map((p) => `${p === "postgres" ? "pg" : p === "rabbitmq" ? "rabbit" : p} µs`),
+    ]
+    const columnsOf = (r: Run): Array<number | undefined> => [
+      r.committed,
+      r.e2eRate,
+      r.drainSeconds,
+      r.p50,
+      r.p99,
+      ...PARTIES.map((p) => r.usPerMessage[p]),
+    ]
+    /** Each column's median over the rounds (undefined if any round has none). */
+    const columns = (rs: ReadonlyArray<Run>): Array<number | undefined> =>
+      columnsOf(rs[0]!).map((_, i) => {
+        const values = rs.map((r) => columnsOf(r)[i])
+        return values.some((v) => v === undefined || !Number.isFinite(v))
+          ? undefined
+          : median(values as number[])
+      })
+    const ratio = (a: number | undefined, b: number | undefined) =>
+      a === undefined || b === undefined || !(b > 0) ? undefined : a / b
+    const summary: Record<string, number> = {}
+    const put = (key: string, value: number | undefined, digits: number) => {
+      if (value !== undefined && Number.isFinite(value)) summary[key] = round(value, digits)
+    }
+    const keyOf = (load: Load, topology: string) => `${load}_${topology.replace("+", "p")}`
+    for (const topology of config.topologies) {
+      for (const load of config.loads) {
+        const here = runs.filter((r) => r.topology === topology.name && r.load === load)
+        const byPipeline = new Map(
+          config.pipelines.map((p) => [p, columns(here.filter((r) => r.pipeline === p))] as const),
+        )
+        const rows: Cell[][] = [...byPipeline].map(([pipeline, cols]) => [
+          pipeline,
+          ...cols.map((v, i) => (v === undefined ? undefined : i === 2 ? round(v, 2) : Math.round(v))),
+        ])
+        const hand = byPipeline.get("hand")
+        const txbox = byPipeline.get("txbox")
+        if (hand && txbox) rows.push(["txbox / hand", ...txbox.map((v, i) => roundRatio(ratio(v, hand[i])))])
+        printTable(
+          `${topology.relays} relay + ${topology.inboxes} inbox process(es), ${load === "max" ? "flat out" : `${load} msg/s offered`} for ${config.seconds} s, ` +
+            `1 producer × ${config.connections} connections${config.rounds > 1 ? `; medians of ${config.rounds} runs` : ""}. ` +
+            `CPU µs per message; latency ${clockText}`,
+          header,
+          rows,
+        )
+        const k = keyOf(load, topology.name)
+        // The table's columns by name; messages and drain stay in the JSON's runs (the drain is
+        // often ~0, no ratio), the summary has the rest, and the ratios of all but "other".
+        const names = [
+          undefined,
+          "e2e_rate",
+          undefined,
+          "p50_ms",
+          "p99_ms",
+          ...PARTIES.map((p) => `cpu_${p}`),
+        ]
+        for (const [pipeline, cols] of byPipeline) {
+          cols.forEach((v, i) => {
+            if (names[i] !== undefined) put(`${pipeline}_${names[i]}_${k}`, v, 1)
+          })
+        }
+        if (hand && txbox) {
+          txbox.forEach((v, i) => {
+            if (names[i] !== undefined && names[i] !== "cpu_other")
+              put(`ratio_${names[i]}_${k}`, ratio(v, hand[i]), 3)
+          })
+        }
+      }
+    }
+    writeResult("cost", args, services, {
+      summary,
+      config: { ...config, clock, server: local ? "own (track_commit_timestamp=on)" : "services" },
+      results: runs,
+    })
+  }),
+)
+
+function roundRatio(v: number | undefined): number | undefined {
+  return v === undefined ? undefined : round(v, 2)
+}
+
+const TICK_FIELDS = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"] as const
+
+/** The first line of /proc/stat, in ticks per kind; undefined off Linux. */
+const machineTicks = (): number[] | undefined => {
+  try {
+    const line = readFileSync("/proc/stat", "utf8").split("\n")[0]!
+    return line
+      .trim()
+      .split(/\s+/)
+      .slice(1, 1 + TICK_FIELDS.length)
+      .map(Number)
+  } catch {
+    return undefined
+  }
+}
+
+const machineUse = (
+  from: number[] | undefined,
+  to: number[] | undefined,
+  seconds: number,
+): Record<string, number> | undefined => {
+  if (from === undefined || to === undefined) return undefined
+  // Ticks are USER_HZ (100 on Linux) whatever the kernel's HZ.
+  return Object.fromEntries(
+    TICK_FIELDS.map((name, i) => [name, round(((to[i] ?? 0) - (from[i] ?? 0)) / 100 / seconds, 3)]),
+  )
+}
+
+/** Whether a process (a child we started) still runs; a reaped child is gone. */
+const alive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+async function runOnce(
+  repeat: number,
+  pipeline: Pipeline,
+  topology: Topology,
+  load: Load,
+  serverUrl: string,
+  amqpUrl: string,
+  meter: CpuMeter,
+): Promise<{ run: Run; clock: "commit" | "insert" }> {
+  const label = `${config.rounds > 1 ? `#${repeat} ` : ""}${pipeline} ${topology.name} ${load === "max" ? "flat out" : `${load}/s`}`
+  const bench = await createBenchDatabase(serverUrl, "cost")
+  const exchange = uniqueName(`bench.cost.${pipeline}`)
+  const consumer = uniqueName(`cost-${pipeline}`)
+  const children: Array<Child<{ readonly event: string }>> = []
+  try {
+    const track = await sql<{ setting: string }>`
+      SELECT setting FROM pg_settings WHERE name = 'track_commit_timestamp'`.execute(bench.db)
+    const clock: "commit" | "insert" = track.rows[0]?.setting === "on" ? "commit" : "insert"
+    // e2e.ts's order table and handler effect table; the hand-written outbox's tables.
+    await bench.sql.unsafe(`
+      CREATE TABLE orders (
+        id uuid PRIMARY KEY, customer_id uuid NOT NULL, total numeric NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT clock_timestamp(), serial int NOT NULL, run int NOT NULL
+      );
+      CREATE SCHEMA bench;
+      CREATE TABLE bench.handled (
+        id bigserial PRIMARY KEY, serial int NOT NULL, key text, seq bigint,
+        handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
+      );
+      ${HAND_SCHEMA_SQL}`)
+
+    // Inboxes first: the queue must exist before anything is published.
+    const inboxes = Array.from({ length: topology.inboxes }, () =>
+      pipeline === "hand"
+        ? spawnChild<InboxLine>("handInboxProcess.ts", {
+            DB_URL: bench.url,
+            AMQP_URL: amqpUrl,
+            EXCHANGE: exchange,
+            QUEUE: consumer,
+            STATS_MS: "100",
+          })
+        : spawnChild<InboxLine>("inboxProcess.ts", {
+            DB_URL: bench.url,
+            AMQP_URL: amqpUrl,
+            EXCHANGE: exchange,
+            CONSUMER: consumer,
+            RECORD: "1",
+            STATS_MS: "100",
+            // Empty = the library's default (the bench's own environment must not set them).
+            MODE: "",
+            PREFETCH: "",
+            TRANSACTIONS: "",
+            QUEUE_TYPE: "",
+            BATCH: "",
+            POLL_MS: "",
+            CONCURRENCY: "",
+          }),
+    )
+    children.push(...inboxes)
+    await Promise.all(inboxes.map((c) => c.ready))
+    const relays = Array.from({ length: topology.relays }, () =>
+      spawnChild<{ readonly event: string }>(
+        pipeline === "hand" ? "handRelayProcess.ts" : "relayProcess.ts",
+        pipeline === "hand"
+          ? { DB_URL: bench.url, AMQP_URL: amqpUrl, EXCHANGE: exchange, STATS_MS: "1000" }
+          : {
+              DB_URL: bench.url,
+              AMQP_URL: amqpUrl,
+              EXCHANGE: exchange,
+              STATS_MS: "1000",
+              BATCH: "",
+              WORKERS: "",
+              POLL_MS: "",
+              LISTEN: "",
+            },
+      ),
+    )
+    children.push(...relays)
+    const producer = spawnChild<ProducerLine>("producerProcess.ts", {
+      DB_URL: bench.url,
+      CONNECTIONS: String(config.connections),
+      INDEX: "0",
+      PROCESSES: "1",
+      KEYED: "0",
+    })
+    children.push(producer)
+    await Promise.all([...relays.map((c) => c.ready), producer.ready])
+    for (const relay of relays) relay.send("go")
+    await Promise.all(
+      relays.map((relay) => relay.waitFor("the relay to start", (line) => line.event === "stats", 30_000)),
+    )
+    // The kernel writes earlier runs' dirty pages back (PostgreSQL's files, the dropped database)
+    // in threads of its own, which would show as "other" in this run: flush them first.
+    try {
+      execFileSync("sync")
+    } catch {}
+    // Let start-up work (first claims, LISTEN, JIT of the idle path) settle before the clock runs.
+    await sleep(300)
+    const pids = [producer.pid, ...relays.map((c) => c.pid), ...inboxes.map((c) => c.pid)]
+
+    const before = meter.sample(pids)
+    const machineBefore = machineTicks()
+    producer.send(
+      JSON.stringify({
+        cmd: "run",
+        run: 1,
+        mode: pipeline === "hand" ? "hand" : "enqueue",
+        rate: load === "max" ? 0 : load,
+        seconds: config.seconds,
+      }),
+    )
+    const done = await producer.waitFor(
+      `${label}: the producer`,
+      (line) => line.event === "done",
+      config.seconds * 1000 + 60_000,
+    )
+    if ((done.errors ?? 0) > 0)
+      throw new Error(`${label}: ${done.errors} producer transactions failed: ${done.firstError}`)
+    const committed = done.transactions ?? 0
+    // Every committed message handled: the inboxes' counters (no database queries while the clock
+    // runs), then the tables.
+    const handledByStats = () =>
+      inboxes.reduce((a, c) => {
+        const line = [...c.lines].reverse().find((l) => l.processed !== undefined)
+        return a + (line?.processed ?? 0) + (line?.dead ?? 0)
+      }, 0)
+    await until(
+      `${label}: all ${committed} messages handled`,
+      () => {
+        for (const c of children) {
+          if (!alive(c.pid)) throw new Error(`${label}: a child process (pid ${c.pid}) exited`)
+        }
+        return handledByStats() >= committed
+      },
+      config.drainTimeoutMs,
+      10,
+    ).catch((error: Error) => {
+      throw new Error(`${error.message} (the inboxes report ${handledByStats()})`)
+    })
+    const count = async () => {
+      const r = await sql<{ handled: string }>`SELECT count(*) AS handled FROM bench.handled`.execute(
+        bench.db,
+      )
+      return Number(r.rows[0]!.handled)
+    }
+    await until(
+      `${label}: bench.handled to hold ${committed} rows`,
+      async () => (await count()) >= committed,
+      10_000,
+    )
+    const cpu = meter.use(before, meter.sample(pids))
+    const machine = machineUse(machineBefore, machineTicks(), cpu.seconds)
+
+    // Exactly once: one effect per order, none without an order.
+    const check = await sql<{
+      orders: string
+      handled: string
+      distinct: string
+      missing: string
+      stray: string
+    }>`
+      SELECT (SELECT count(*) FROM orders) AS orders,
+             (SELECT count(*) FROM bench.handled) AS handled,
+             (SELECT count(DISTINCT serial) FROM bench.handled) AS distinct,
+             (SELECT count(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM bench.handled h WHERE h.serial = o.serial)) AS missing,
+             (SELECT count(*) FROM bench.handled h WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.serial = h.serial)) AS stray`.execute(
+      bench.db,
+    )
+    const c = check.rows[0]!
+    const orders = Number(c.orders)
+    const problems = [
+      orders !== committed ? `${orders} orders in the table, the producer committed ${committed}` : "",
+      Number(c.missing) > 0 ? `${c.missing} orders never handled` : "",
+      Number(c.handled) > Number(c.distinct)
+        ? `${Number(c.handled) - Number(c.distinct)} orders handled more than once`
+        : "",
+      Number(c.stray) > 0 ? `${c.stray} handler rows without an order` : "",
+    ].filter((p) => p !== "")
+    if (problems.length > 0) throw new Error(`${label}: ${problems.join("; ")}`)
+
+    const commitOf = (alias: string) =>
+      clock === "commit" ? sql.raw(`pg_xact_commit_timestamp(${alias}.xmin)`) : sql.raw(`${alias}.created_at`)
+    const handledAt =
+      clock === "commit" ? sql.raw("pg_xact_commit_timestamp(h.xmin)") : sql.raw("h.handled_at")
+    const stats = await sql<{ p: number[] | null; drain: number | null }>`
+      SELECT percentile_disc(ARRAY[0.5, 0.99, 1]) WITHIN GROUP (ORDER BY extract(epoch FROM ${handledAt} - ${commitOf("o")}) * 1000) AS p,
+             extract(epoch FROM max(${handledAt}) - max(${commitOf("o")})) AS drain
+      FROM orders o JOIN bench.handled h USING (serial)`.execute(bench.db)
+    const p = (stats.rows[0]!.p ?? []).map(Number)
+    const drainSeconds = Math.max(0, Number(stats.rows[0]!.drain ?? 0))
+    const producerSeconds = done.seconds ?? config.seconds
+    const perMessage = (cores: number | undefined) =>
+      cores === undefined || committed === 0 ? undefined : (cores * cpu.seconds * 1e6) / committed
+    const sum = (xs: ReadonlyArray<number | undefined>) =>
+      xs.some((x) => x === undefined) ? undefined : xs.reduce<number>((a, b) => a + b!, 0)
+    const relayCores = sum(cpu.perChild.slice(1, 1 + topology.relays))
+    const inboxCores = sum(cpu.perChild.slice(1 + topology.relays))
+    const parties = [cpu.perChild[0], relayCores, inboxCores, cpu.postgres, cpu.rabbitmq]
+    const total = sum(parties)
+    const usPerMessage: Record<Party, number | undefined> = {
+      producer: perMessage(cpu.perChild[0]),
+      relay: perMessage(relayCores),
+      inbox: perMessage(inboxCores),
+      postgres: perMessage(cpu.postgres),
+      rabbitmq: perMessage(cpu.rabbitmq),
+      total: perMessage(total),
+      // The machine's busy time the five did not use: the bench process, other people's work.
+      other: perMessage(
+        cpu.machineBusy === undefined || total === undefined
+          ? undefined
+          : Math.max(0, cpu.machineBusy - total),
+      ),
+    }
+    const run: Run = {
+      round: repeat,
+      pipeline,
+      topology: topology.name,
+      load,
+      committed,
+      producerSeconds,
+      drainSeconds,
+      e2eRate: committed / (producerSeconds + drainSeconds),
+      p50: p[0] ?? Number.NaN,
+      p99: p[1] ?? Number.NaN,
+      max: p[2] ?? Number.NaN,
+      txP50: done.p50 ?? Number.NaN,
+      txP99: done.p99 ?? Number.NaN,
+      usPerMessage,
+      cpu,
+      machine,
+    }
+    log(
+      `${label}: ${committed} messages, ${Math.round(run.e2eRate)} msg/s end to end (drain ${drainSeconds.toFixed(2)} s), ` +
+        `p50 ${run.p50.toFixed(1)} ms, p99 ${run.p99.toFixed(1)} ms, ${usPerMessage.total === undefined ? "–" : Math.round(usPerMessage.total)} µs/msg, ` +
+        `other ${cpu.machineBusy === undefined || total === undefined ? "–" : (cpu.machineBusy - total).toFixed(2)} cores` +
+        (machine === undefined ? "" : ` (softirq ${machine.softirq}, steal ${machine.steal})`),
+    )
+    return { run, clock }
+  } finally {
+    for (const child of children.reverse()) await child.stop()
+    await deleteTopology(amqpUrl, {
+      queues:
+        pipeline === "hand"
+          ? [consumer]
+          : [
+              queueName(consumer),
+              deadQueueName(consumer),
+              ...Array.from({ length: defaultRetryPolicy.maxAttempts }, (_, i) =>
+                delayQueueName(consumer, i + 1),
+              ),
+            ],
+      exchanges: [exchange],
+    })
+    await bench.drop()
+  }
+}

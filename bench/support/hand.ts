@@ -1,0 +1,102 @@
+// A hand-written transactional outbox and inbox: what a team writes without a library, the
+// baseline of bench/cost.ts. Plain SQL on node-postgres (`pg`, txbox's default driver) and amqplib;
+// no retries beyond "roll back and try again", no leases, no ordering, no dead letters.
+// This file: the tables, the producer's transaction (producerProcess.ts mode "hand") and the stdio
+// plumbing the bench's children share. The relay is handRelayProcess.ts, the inbox handInboxProcess.ts.
+import { randomUUID } from "node:crypto"
+import type pg from "pg"
+import { BENCH_TYPE } from "./db.ts"
+import type { OrderPlaced } from "./payload.ts"
+
+/** Run once in the bench database (postgres.js `unsafe`: several statements, no parameters). */
+export const HAND_SCHEMA_SQL = `
+  CREATE SCHEMA hand;
+  CREATE TABLE hand.outbox (
+    id uuid PRIMARY KEY,
+    type text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    sent_at timestamptz
+  );
+  CREATE INDEX outbox_unsent ON hand.outbox (created_at) WHERE sent_at IS NULL;
+  CREATE TABLE hand.inbox (
+    message_id uuid NOT NULL,
+    consumer text NOT NULL,
+    PRIMARY KEY (message_id, consumer)
+  );`
+
+/** The business write both producers make (producerProcess.ts sends it through Kysely's transaction). */
+export const ORDER_INSERT =
+  "INSERT INTO orders (id, customer_id, total, serial, run) VALUES ($1, $2, $3, $4, $5)"
+
+/** The handler's effect both inboxes write (inboxProcess.ts through the inbox's Kysely transaction). */
+export const HANDLED_INSERT = "INSERT INTO bench.handled (serial, key, seq) VALUES ($1, $2, $3)"
+
+/** One business transaction: the order row and its outbox row, committed together. */
+export const handTransaction = async (pool: pg.Pool, payload: OrderPlaced, run: number): Promise<void> => {
+  const client = await pool.connect()
+  let broken: Error | undefined
+  try {
+    await client.query("BEGIN")
+    await client.query(ORDER_INSERT, [
+      payload.orderId,
+      payload.customerId,
+      payload.total,
+      payload.serial,
+      run,
+    ])
+    await client.query("INSERT INTO hand.outbox (id, type, payload) VALUES ($1, $2, $3)", [
+      randomUUID(),
+      BENCH_TYPE,
+      JSON.stringify(payload),
+    ])
+    await client.query("COMMIT")
+  } catch (error) {
+    await client.query("ROLLBACK").catch((e: Error) => {
+      broken = e
+    })
+    throw error
+  } finally {
+    client.release(broken)
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bench's side of a child (not part of the hand-written outbox): env, JSON lines, commands.
+
+export const env = (name: string, fallback?: string): string => {
+  const value = process.env[name] ?? fallback
+  if (value === undefined || value === "") throw new Error(`${name} is required`)
+  return value
+}
+
+export const emit = (event: Record<string, unknown>): void => {
+  process.stdout.write(`${JSON.stringify(event)}\n`)
+}
+
+export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Calls `onLine` for each stdin line; `stop` on a "stop" line, SIGTERM, or the parent going away. */
+export const onCommands = (onLine: (line: string) => void, stop: () => unknown): void => {
+  process.on("SIGTERM", () => void stop())
+  let buffered = ""
+  process.stdin.setEncoding("utf8")
+  process.stdin.on("data", (chunk: string) => {
+    buffered += chunk
+    let nl = buffered.indexOf("\n")
+    while (nl >= 0) {
+      const line = buffered.slice(0, nl).trim()
+      buffered = buffered.slice(nl + 1)
+      if (line === "stop") void stop()
+      else onLine(line)
+      nl = buffered.indexOf("\n")
+    }
+  })
+  process.stdin.on("end", () => void stop())
+}
+
+/** Opens every pooled connection once, so the measurement does not pay for connecting. */
+export const warmPool = async (pool: pg.Pool, size: number): Promise<void> => {
+  const clients = await Promise.all(Array.from({ length: size }, () => pool.connect()))
+  for (const client of clients) client.release()
+}
