@@ -15,7 +15,7 @@
 // The whole matrix runs `--rounds` times (hand and txbox back to back in each cell); the tables
 // show medians, the JSON every run.
 //
-//   bun bench/cost.ts [--quick] [--seconds 10] [--loads max,250,1000] [--topologies 1+1,2+2]
+//   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 2] [--loads max,250,1000] [--topologies 1+1,2+2]
 //                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
 import { execFileSync } from "node:child_process"
 import { readFileSync } from "node:fs"
@@ -83,6 +83,12 @@ const config = {
   rounds: args.number("rounds", quick ? 1 : 3),
   /** Seconds the producer runs (flat out or at the offered rate). */
   seconds: args.number("seconds", quick ? 1.5 : 10),
+  /**
+   * Seconds of the same load before the measured run, drained before the clock starts: every
+   * party's JIT is warm (a cold start put txbox's first second at the top of the p99), as in a
+   * service that has run a while.
+   */
+  warmupSeconds: args.number("warmup", quick ? 0.3 : 2),
   /** Pooled connections of the producer process: its loops flat out, its most in flight at a rate. */
   connections: args.number("connections", 4),
   drainTimeoutMs: args.number("drain-timeout", quick ? 60 : 300) * 1000,
@@ -405,21 +411,46 @@ async function runOnce(
     // Let start-up work (first claims, LISTEN, JIT of the idle path) settle before the clock runs.
     await sleep(300)
     const pids = [producer.pid, ...relays.map((c) => c.pid), ...inboxes.map((c) => c.pid)]
+    const handledByStats = () =>
+      inboxes.reduce((a, c) => {
+        const line = [...c.lines].reverse().find((l) => l.processed !== undefined)
+        return a + (line?.processed ?? 0) + (line?.dead ?? 0)
+      }, 0)
+    const drained = (label: string, count: number) =>
+      until(
+        `${label}: all ${count} messages handled`,
+        () => {
+          for (const c of children) {
+            if (!alive(c.pid)) throw new Error(`${label}: a child process (pid ${c.pid}) exited`)
+          }
+          return handledByStats() >= count
+        },
+        config.drainTimeoutMs,
+        10,
+      ).catch((error: Error) => {
+        throw new Error(`${error.message} (the inboxes report ${handledByStats()})`)
+      })
+    const mode = pipeline === "hand" ? "hand" : "enqueue"
+    const rate = load === "max" ? 0 : load
+    let warmed = 0
+    if (config.warmupSeconds > 0) {
+      producer.send(JSON.stringify({ cmd: "run", run: 0, mode, rate, seconds: config.warmupSeconds }))
+      const warm = await producer.waitFor(
+        `${label}: the warm-up`,
+        (line) => line.event === "done" && line.run === 0,
+        config.warmupSeconds * 1000 + 60_000,
+      )
+      warmed = warm.transactions ?? 0
+      await drained(`${label} warm-up`, warmed)
+      await sleep(200)
+    }
 
     const before = meter.sample(pids)
     const machineBefore = machineTicks()
-    producer.send(
-      JSON.stringify({
-        cmd: "run",
-        run: 1,
-        mode: pipeline === "hand" ? "hand" : "enqueue",
-        rate: load === "max" ? 0 : load,
-        seconds: config.seconds,
-      }),
-    )
+    producer.send(JSON.stringify({ cmd: "run", run: 1, mode, rate, seconds: config.seconds }))
     const done = await producer.waitFor(
       `${label}: the producer`,
-      (line) => line.event === "done",
+      (line) => line.event === "done" && line.run === 1,
       config.seconds * 1000 + 60_000,
     )
     if ((done.errors ?? 0) > 0)
@@ -427,24 +458,7 @@ async function runOnce(
     const committed = done.transactions ?? 0
     // Every committed message handled: the inboxes' counters (no database queries while the clock
     // runs), then the tables.
-    const handledByStats = () =>
-      inboxes.reduce((a, c) => {
-        const line = [...c.lines].reverse().find((l) => l.processed !== undefined)
-        return a + (line?.processed ?? 0) + (line?.dead ?? 0)
-      }, 0)
-    await until(
-      `${label}: all ${committed} messages handled`,
-      () => {
-        for (const c of children) {
-          if (!alive(c.pid)) throw new Error(`${label}: a child process (pid ${c.pid}) exited`)
-        }
-        return handledByStats() >= committed
-      },
-      config.drainTimeoutMs,
-      10,
-    ).catch((error: Error) => {
-      throw new Error(`${error.message} (the inboxes report ${handledByStats()})`)
-    })
+    await drained(label, warmed + committed)
     const count = async () => {
       const r = await sql<{ handled: string }>`SELECT count(*) AS handled FROM bench.handled`.execute(
         bench.db,
@@ -453,7 +467,7 @@ async function runOnce(
     }
     await until(
       `${label}: bench.handled to hold ${committed} rows`,
-      async () => (await count()) >= committed,
+      async () => (await count()) >= warmed + committed,
       10_000,
     )
     const cpu = meter.use(before, meter.sample(pids))
@@ -467,10 +481,10 @@ async function runOnce(
       missing: string
       stray: string
     }>`
-      SELECT (SELECT count(*) FROM orders) AS orders,
+      SELECT (SELECT count(*) FROM orders WHERE run = 1) AS orders,
              (SELECT count(*) FROM bench.handled) AS handled,
              (SELECT count(DISTINCT serial) FROM bench.handled) AS distinct,
-             (SELECT count(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM bench.handled h WHERE h.serial = o.serial)) AS missing,
+             (SELECT count(*) FROM orders o WHERE o.run = 1 AND NOT EXISTS (SELECT 1 FROM bench.handled h WHERE h.serial = o.serial)) AS missing,
              (SELECT count(*) FROM bench.handled h WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.serial = h.serial)) AS stray`.execute(
       bench.db,
     )
@@ -493,7 +507,7 @@ async function runOnce(
     const stats = await sql<{ p: number[] | null; drain: number | null }>`
       SELECT percentile_disc(ARRAY[0.5, 0.99, 1]) WITHIN GROUP (ORDER BY extract(epoch FROM ${handledAt} - ${commitOf("o")}) * 1000) AS p,
              extract(epoch FROM max(${handledAt}) - max(${commitOf("o")})) AS drain
-      FROM orders o JOIN bench.handled h USING (serial)`.execute(bench.db)
+      FROM orders o JOIN bench.handled h USING (serial) WHERE o.run = 1`.execute(bench.db)
     const p = (stats.rows[0]!.p ?? []).map(Number)
     const drainSeconds = Math.max(0, Number(stats.rows[0]!.drain ?? 0))
     const producerSeconds = done.seconds ?? config.seconds
