@@ -115,7 +115,7 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
   })
 
 /** At a steady load a worker claims this often: the batch grows with the rate, the claims do not. */
-const RELOOK_MS = 10
+const RELOOK_MS = 25
 /** Producers skip the NOTIFY while a row was published within 50 ms (migration 0007): twice that. */
 const HOT_MS = 100
 const WARM_MS = 1_000

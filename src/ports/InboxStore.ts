@@ -41,7 +41,11 @@ export interface InboxTransaction {
   /** Handed to the handler: its writes commit or roll back with the inbox row. */
   // biome-ignore lint/suspicious/noExplicitAny: the service's own database type; handlers annotate it
   readonly trx: Transaction<any>
-  /** Inserts the row as processed; false when its key is already there (a duplicate). */
+  /**
+   * Inserts the row as processed; false when its key is already there (a
+   * duplicate). A processed row is the dedupe record: its payload and headers
+   * are not kept (the handler's effects hold what matters of them).
+   */
   readonly insertProcessed: (row: InboxRow) => Effect.Effect<boolean, StoreError>
   /**
    * Inserts several rows as processed in one statement: per row, in input

@@ -323,9 +323,10 @@ export const make = (): Effect.Effect<MemoryInbox> =>
             const blocked = blocker([k], tx)
             if (blocked) return blocked
             held.set(k, tx)
-            // As the SQL's single-row insert: processed now, no raw body, no error.
+            // As the SQL's single-row insert: processed now, the dedupe record only (no payload,
+            // headers, raw body or error).
             tx.inserts.set(k, {
-              ...newRow({ ...row, raw: null, lastError: null }, now, "processed"),
+              ...newRow({ ...row, payload: null, headers: {}, raw: null, lastError: null }, now, "processed"),
               processedAt: now,
             })
             return true

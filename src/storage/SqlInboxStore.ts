@@ -54,11 +54,6 @@ interface MarkRecord {
   readonly error: string
 }
 
-// JSON text into a jsonb column. Cast in SQL: postgres.js and PGlite serialise a
-// parameter by the type the server infers, so a string bound to a jsonb
-// parameter would be JSON-encoded a second time.
-const jsonb = (text: string | null) => sql<string>`${text}::text::jsonb`
-
 const toStored = (row: InboxRow): StoredRow => ({
   message_id: row.key,
   consumer: row.consumer,
@@ -95,14 +90,12 @@ const toRow = (row: StoredRow): InboxRow => ({
 
 // Each statement as a function of its parameters, compiled once per store by `statements`.
 
-/** `insertProcessed`'s parameters: the row, its headers as JSON text. (A type, not an interface: `prepare` wants a record.) */
+/** `insertProcessed`'s parameters. (A type, not an interface: `prepare` wants a record.) */
 export type ProcessedValues = {
   readonly key: string
   readonly consumer: string
   readonly type: string | null
   readonly version: number | null
-  readonly payload: string | null
-  readonly headers: string
   readonly partitionKey: string | null
   readonly tenantId: string | null
   readonly attempts: number
@@ -112,7 +105,10 @@ export type ProcessedValues = {
  * Inserts one row as processed, in the handler's transaction. A plain
  * single-row VALUES, not the batch form: this runs once per delivery, and the
  * recordset form spends about as long in parse and plan as in execution
- * (bench/README.md, "Design measurements: inbox insert").
+ * (bench/README.md, "Design measurements: inbox insert"). A processed row is
+ * the dedupe record: key, type, version, key and times, without the payload
+ * and headers, which the handler's effects hold (sending them cost every
+ * message ~600 bytes of jsonb to parse and write to the WAL: bench/cost.ts).
  */
 export const insertProcessedQuery = (
   db: Kysely<TxboxDatabase>,
@@ -125,8 +121,6 @@ export const insertProcessedQuery = (
       consumer: row.consumer,
       type: row.type,
       version: row.version,
-      payload: jsonb(row.payload),
-      headers: jsonb(row.headers),
       partition_key: row.partitionKey,
       tenant_id: row.tenantId,
       attempts: row.attempts,
@@ -136,6 +130,9 @@ export const insertProcessedQuery = (
     .onConflict((oc) => oc.columns(["message_id", "consumer"]).doNothing())
     .returning("message_id")
     .compile()
+
+/** A row to be inserted processed: the dedupe record, without payload and headers (see `insertProcessedQuery`). */
+const slim = (row: InboxRow): InboxRow => ({ ...row, payload: null, raw: null, headers: {} })
 
 /** The batch inserts' one parameter: the rows as a JSON array of `StoredRow`. */
 export const storedRows = (rows: ReadonlyArray<InboxRow>): string => JSON.stringify(rows.map(toStored))
@@ -569,8 +566,6 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     consumer: "\0consumer",
     type: "\0type",
     version: -1,
-    payload: "\0payload",
-    headers: "\0headers",
     partitionKey: "\0partitionKey",
     tenantId: "\0tenantId",
     attempts: -2,
@@ -619,19 +614,19 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
     trx,
     insertProcessed: (row) =>
       tryStore("InboxStore.insertProcessed", () =>
-        trx
-          .executeQuery(q.insertProcessed({ ...row, headers: JSON.stringify(row.headers ?? {}) }))
-          .then((r) => r.rows.length === 1),
+        trx.executeQuery(q.insertProcessed(row)).then((r) => r.rows.length === 1),
       ),
     insertProcessedAll: (rows) => {
       // The first of each key goes in; a later one of the same key is a duplicate of it.
       const firsts = new Map<string, InboxRow>()
       for (const row of rows) if (!firsts.has(row.key)) firsts.set(row.key, row)
       return tryStore("InboxStore.insertProcessedAll", () =>
-        trx.executeQuery(q.insertProcessedAll({ rows: storedRows([...firsts.values()]) })).then((r) => {
-          const fresh = new Set(r.rows.map((x) => x.message_id))
-          return rows.map((row) => firsts.get(row.key) === row && fresh.has(row.key))
-        }),
+        trx
+          .executeQuery(q.insertProcessedAll({ rows: storedRows([...firsts.values()].map(slim)) }))
+          .then((r) => {
+            const fresh = new Set(r.rows.map((x) => x.message_id))
+            return rows.map((row) => firsts.get(row.key) === row && fresh.has(row.key))
+          }),
       )
     },
     markProcessedAll: (consumer, token, rows) =>
