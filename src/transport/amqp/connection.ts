@@ -198,6 +198,37 @@ const loadAmqplib: Effect.Effect<Amqplib, ConfigError> = loadDriver({
   load: () => import("amqplib"),
 }).pipe(Effect.map((module) => defaultExport<Amqplib>(module as Amqplib & { default?: Amqplib })))
 
+interface Muxed {
+  readonly connection?: {
+    readonly muxer?: {
+      _readIncoming?: () => void
+      readonly out?: { cork?: () => void; uncork?: () => void }
+    }
+  }
+}
+
+/**
+ * One socket write per round of amqplib's frame multiplexer instead of one per
+ * frame: it writes every frame its channels buffered (a relay's batch of
+ * publishes, an inbox's acks) in one loop, and each `write` was a system call
+ * of its own (bench/README.md, finding 9). Corked for that loop, they leave as
+ * one. Reaches into amqplib's internals, so it does nothing where they differ.
+ */
+const coalesceWrites = (model: ChannelModel): void => {
+  const muxer = (model as unknown as Muxed).connection?.muxer
+  const out = muxer?.out
+  const round = muxer?._readIncoming
+  if (muxer === undefined || round === undefined || out?.cork === undefined || out.uncork === undefined) return
+  muxer._readIncoming = function (this: unknown) {
+    out.cork!()
+    try {
+      round.call(this)
+    } finally {
+      out.uncork!()
+    }
+  }
+}
+
 /** Connects; `onClose` runs synchronously on the connection's `close` event. */
 const openModel = (
   amqp: Amqplib,
@@ -226,6 +257,7 @@ const openModel = (
             onClose()
             Deferred.doneUnsafe(lost, Effect.succeed(cause ?? error ?? "connection closed"))
           })
+          coalesceWrites(model)
           // Interrupted while connecting: nobody will close this one but us.
           if (abandoned) model.close().catch(() => {})
           else resume(Effect.succeed({ model, lost }))
