@@ -218,7 +218,8 @@ const coalesceWrites = (model: ChannelModel): void => {
   const muxer = (model as unknown as Muxed).connection?.muxer
   const out = muxer?.out
   const round = muxer?._readIncoming
-  if (muxer === undefined || round === undefined || out?.cork === undefined || out.uncork === undefined) return
+  if (muxer === undefined || round === undefined || out?.cork === undefined || out.uncork === undefined)
+    return
   muxer._readIncoming = function (this: unknown) {
     out.cork!()
     try {
