@@ -61,40 +61,6 @@ export const handTransaction = async (pool: pg.Pool, payload: OrderPlaced, run: 
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The bench's side of a child (not part of the hand-written outbox): env, JSON lines, commands.
-
-export const env = (name: string, fallback?: string): string => {
-  const value = process.env[name] ?? fallback
-  if (value === undefined || value === "") throw new Error(`${name} is required`)
-  return value
-}
-
-export const emit = (event: Record<string, unknown>): void => {
-  process.stdout.write(`${JSON.stringify(event)}\n`)
-}
-
-export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
-
-/** Calls `onLine` for each stdin line; `stop` on a "stop" line, SIGTERM, or the parent going away. */
-export const onCommands = (onLine: (line: string) => void, stop: () => unknown): void => {
-  process.on("SIGTERM", () => void stop())
-  let buffered = ""
-  process.stdin.setEncoding("utf8")
-  process.stdin.on("data", (chunk: string) => {
-    buffered += chunk
-    let nl = buffered.indexOf("\n")
-    while (nl >= 0) {
-      const line = buffered.slice(0, nl).trim()
-      buffered = buffered.slice(nl + 1)
-      if (line === "stop") void stop()
-      else onLine(line)
-      nl = buffered.indexOf("\n")
-    }
-  })
-  process.stdin.on("end", () => void stop())
-}
-
 /** Opens every pooled connection once, so the measurement does not pay for connecting. */
 export const warmPool = async (pool: pg.Pool, size: number): Promise<void> => {
   const clients = await Promise.all(Array.from({ length: size }, () => pool.connect()))

@@ -10,8 +10,9 @@
 // env: DB_URL, AMQP_URL, EXCHANGE, QUEUE (also the consumer's name), STATS_MS (default 1000)
 import amqp, { type ConsumeMessage } from "amqplib"
 import pg from "pg"
+import { emit, env, onCommands } from "./childIo.ts"
 import { BENCH_TYPE } from "./db.ts"
-import { emit, env, HANDLED_INSERT, onCommands, warmPool } from "./hand.ts"
+import { HANDLED_INSERT, warmPool } from "./hand.ts"
 import type { OrderPlaced } from "./payload.ts"
 
 const PREFETCH = 32

@@ -10,7 +10,8 @@
 // env: DB_URL, AMQP_URL, EXCHANGE, STATS_MS (default 1000)
 import amqp from "amqplib"
 import pg from "pg"
-import { emit, env, onCommands, sleep, warmPool } from "./hand.ts"
+import { emit, env, onCommands, sleep } from "./childIo.ts"
+import { warmPool } from "./hand.ts"
 
 const BATCH = 200
 const IDLE_MS = 50

@@ -14,6 +14,7 @@ import { CompiledQuery } from "kysely"
 import * as Inbox from "../../src/Inbox.ts"
 import * as PostgresStore from "../../src/storage/PostgresStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { onCommands } from "./childIo.ts"
 import { HANDLED_INSERT } from "./hand.ts"
 import { OrderPlaced, wallMs } from "./payload.ts"
 
@@ -94,22 +95,10 @@ const stop = () => {
   })()
   return stopping
 }
-process.on("SIGTERM", () => void stop())
-let buffered = ""
-process.stdin.setEncoding("utf8")
-process.stdin.on("data", (chunk: string) => {
-  buffered += chunk
-  let nl = buffered.indexOf("\n")
-  while (nl >= 0) {
-    const line = buffered.slice(0, nl).trim()
-    buffered = buffered.slice(nl + 1)
-    // Each report hands over what was recorded since the last one.
-    if (line === "report") emit({ event: "report", latencies: latencies.splice(0) })
-    else if (line === "stop") void stop()
-    nl = buffered.indexOf("\n")
-  }
-})
-process.stdin.on("end", () => void stop())
+onCommands((line) => {
+  // Each report hands over what was recorded since the last one.
+  if (line === "report") emit({ event: "report", latencies: latencies.splice(0) })
+}, stop)
 await report("ready")
 timer = setInterval(
   () => {

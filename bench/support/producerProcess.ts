@@ -17,6 +17,7 @@ import { Effect } from "effect"
 import { CompiledQuery, Kysely, PostgresDialect } from "kysely"
 import pg from "pg"
 import * as Outbox from "../../src/Outbox.ts"
+import { onCommands } from "./childIo.ts"
 import { handTransaction, ORDER_INSERT } from "./hand.ts"
 import { makePayload, OrderPlaced } from "./payload.ts"
 
@@ -138,25 +139,12 @@ const stop = async () => {
   await db.destroy().catch(() => {})
   process.exit(0)
 }
-process.on("SIGTERM", () => void stop())
 let queue = Promise.resolve()
-let buffered = ""
-process.stdin.setEncoding("utf8")
-process.stdin.on("data", (chunk: string) => {
-  buffered += chunk
-  let nl = buffered.indexOf("\n")
-  while (nl >= 0) {
-    const line = buffered.slice(0, nl).trim()
-    buffered = buffered.slice(nl + 1)
-    if (line === "stop") void stop()
-    else if (line.startsWith("{")) {
-      const command = JSON.parse(line) as RunCommand
-      queue = queue.then(() => execute(command))
-    }
-    nl = buffered.indexOf("\n")
-  }
-})
-process.stdin.on("end", () => void stop())
+onCommands((line) => {
+  if (!line.startsWith("{")) return
+  const command = JSON.parse(line) as RunCommand
+  queue = queue.then(() => execute(command))
+}, stop)
 // Connect every pooled connection before saying ready, so the first run does not pay for it.
 await Promise.all(
   Array.from({ length: connections }, async () => {

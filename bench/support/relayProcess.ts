@@ -9,6 +9,7 @@ import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import * as Relay from "../../src/Relay.ts"
 import * as PostgresStore from "../../src/storage/PostgresStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { onCommands } from "./childIo.ts"
 
 const env = (name: string, fallback?: string): string => {
   const value = process.env[name] ?? fallback
@@ -88,20 +89,7 @@ const start = async () => {
   }, statsEvery)
 }
 
-process.on("SIGTERM", () => void stop())
-let buffered = ""
-process.stdin.setEncoding("utf8")
-process.stdin.on("data", (chunk: string) => {
-  buffered += chunk
-  let nl = buffered.indexOf("\n")
-  while (nl >= 0) {
-    const line = buffered.slice(0, nl).trim()
-    buffered = buffered.slice(nl + 1)
-    if (line === "go") void start()
-    else if (line === "stop") void stop()
-    nl = buffered.indexOf("\n")
-  }
-})
-// The parent went away: nobody will stop us otherwise.
-process.stdin.on("end", () => void stop())
+onCommands((line) => {
+  if (line === "go") void start()
+}, stop)
 await report("ready")
