@@ -116,8 +116,16 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
 
 /** At a steady load a worker claims this often: the batch grows with the rate, the claims do not. */
 const RELOOK_MS = 25
-/** Producers skip the NOTIFY while a row was published within 50 ms (migration 0007): twice that. */
-const HOT_MS = 100
+/**
+ * A look that finds fewer rows waits twice RELOOK_MS: at low rates a look costs about what a full
+ * one does (bench/cost.ts, 250 msg/s).
+ */
+const FEW_ROWS = 8
+/**
+ * Producers skip the NOTIFY while a row was published within 50 ms (migration 0007): a look must
+ * come after that window has closed, however long the wait between looks (2 × RELOOK_MS).
+ */
+const HOT_MS = 150
 const WARM_MS = 1_000
 
 /** Starts the relay's workers in the current scope; closing the scope stops them gracefully. */
@@ -144,11 +152,12 @@ export const make = (
       pollMs: c.pollMs,
       // Producers skip the NOTIFY while a relay published within the last 50 ms or a committed
       // row is due and unclaimed (migration 0007), and such a producer may commit after this
-      // worker's last look: after a cycle that claimed rows it looks again every RELOOK_MS for
-      // HOT_MS, then after 2×, 4× … for WARM_MS, which bounds that row's wait unless its
+      // worker's last look: after a cycle that claimed rows it looks again every RELOOK_MS (2× after
+      // fewer than FEW_ROWS) for HOT_MS, then after 2×, 4× … for WARM_MS, which bounds that row's wait unless its
       // transaction stays open longer than that after enqueue.
       relookMs: RELOOK_MS,
       hotMs: HOT_MS,
+      fewRows: FEW_ROWS,
       warmMs: WARM_MS,
       outage: c.outage,
       wake,

@@ -10,8 +10,8 @@
  *   than `warmMs` has passed since it (a producer may commit a while after
  *   its insert decided not to wake anyone: the looks thin out, and an idle
  *   loop stops looking after a handful). At a steady load a loop thus claims
- *   every `relookMs`, whatever the rate: the batches grow with the load
- *   instead of the claims;
+ *   every `relookMs` (every other one while its batches are small: `fewRows`),
+ *   whatever the rate: the batches grow with the load instead of the claims;
  * - otherwise wait for a wake-up (NOTIFY) or the poll interval, and never
  *   claim again within `relookMs` of the last cycle: a burst of wake-ups is
  *   one claim, not one each;
@@ -60,6 +60,12 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
   readonly relookMs?: number
   /** …for this long after it… @default relookMs */
   readonly hotMs?: number
+  /**
+   * A look that claims fewer rows than this (but some) waits twice `relookMs`
+   * for the next: at a low rate each look costs about what a full one does,
+   * so it waits for more. @default 0 (off)
+   */
+  readonly fewRows?: number
   /** …then at doubling intervals until this long has passed since the last cycle that claimed any. */
   readonly warmMs?: number
   /** Backoff between failed cycles. */
@@ -107,6 +113,9 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   let hotUntil = 0
   let warmUntil = 0
   let nextRelookMs = relookMs
+  const fewRows = loop.fewRows ?? 0
+  // The wait after the last look that claimed rows: relookMs, or twice that after a small batch.
+  let hotWait = relookMs
   // When the last cycle ended: a wake-up within relookMs of it waits for the rest.
   let lastEnd = 0
   // Polls fall on this time plus whole poll intervals (the last cycle that claimed rows): the
@@ -129,11 +138,12 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
         hotUntil = now + hotMs
         warmUntil = now + warmMs
         nextRelookMs = relookMs * 2
+        hotWait = claimed < fewRows ? relookMs * 2 : relookMs
       }
       anchor ??= now
       const sinceTick = (now - anchor) % loop.pollMs
       const toPoll = loop.pollMs - sinceTick
-      if (now < hotUntil) return Effect.sleep(Math.min(relookMs, toPoll))
+      if (now < hotUntil) return Effect.sleep(Math.min(hotWait, toPoll))
       if (now >= warmUntil) return awoken(toPoll)
       const wait = Math.min(nextRelookMs, toPoll)
       nextRelookMs *= 2

@@ -12,7 +12,13 @@ import { defaultRetryPolicy } from "../../src/Retry.ts"
 const cycleTimes = (
   script: ReadonlyArray<number>,
   forMs: number,
-  options: { relookMs?: number; hotMs?: number; warmMs?: number; notifyAt?: ReadonlyArray<number> } = {},
+  options: {
+    relookMs?: number
+    hotMs?: number
+    fewRows?: number
+    warmMs?: number
+    notifyAt?: ReadonlyArray<number>
+  } = {},
 ) =>
   Effect.runPromise(
     Effect.gen(function* () {
@@ -31,6 +37,7 @@ const cycleTimes = (
           pollMs: 1000,
           ...(options.relookMs === undefined ? {} : { relookMs: options.relookMs }),
           ...(options.hotMs === undefined ? {} : { hotMs: options.hotMs }),
+          ...(options.fewRows === undefined ? {} : { fewRows: options.fewRows }),
           ...(options.warmMs === undefined ? {} : { warmMs: options.warmMs }),
           outage: defaultRetryPolicy,
           wake,
@@ -72,6 +79,16 @@ test("within hotMs of a cycle that claimed rows: a look every relookMs, then the
 test("a steady load: each look finds rows, so the loop claims every relookMs", async () => {
   const times = await cycleTimes([3, 4, 2, 5, 1, 6], 80, { relookMs: 10, hotMs: 50, warmMs: 1000 })
   expect(times.slice(0, 7)).toEqual([0, 10, 20, 30, 40, 50, 60])
+})
+
+test("small batches (fewer than fewRows) wait twice relookMs for the next look; a bigger one brings it back", async () => {
+  const times = await cycleTimes([3, 2, 9, 4, 5, 6], 100, {
+    relookMs: 10,
+    hotMs: 50,
+    fewRows: 8,
+    warmMs: 1000,
+  })
+  expect(times.slice(0, 6)).toEqual([0, 20, 40, 50, 70, 90])
 })
 
 test("a look that finds rows starts the doubling again from relookMs", async () => {
