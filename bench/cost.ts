@@ -25,7 +25,7 @@ import { defaultRetryPolicy } from "../src/Retry.ts"
 import { deadQueueName, delayQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
-import { type Child, spawnChild } from "./support/children.ts"
+import { type Child, type ProducerLine, spawnChild } from "./support/children.ts"
 import { type CpuMeter, type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import { HAND_SCHEMA_SQL } from "./support/hand.ts"
@@ -122,17 +122,6 @@ interface Run {
   readonly cpu: CpuUse
   /** The whole machine in cores, by kind (/proc/stat): where _other_ went (softirq, steal, …). */
   readonly machine: Readonly<Record<string, number>> | undefined
-}
-
-interface ProducerLine {
-  readonly event: "ready" | "done"
-  readonly run?: number
-  readonly transactions?: number
-  readonly errors?: number
-  readonly firstError?: string
-  readonly p50?: number
-  readonly p99?: number
-  readonly seconds?: number
 }
 
 interface InboxLine {

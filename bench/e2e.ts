@@ -24,7 +24,7 @@ import { defaultRetryPolicy } from "../src/Retry.ts"
 import { deadQueueName, delayQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
-import { type Child, spawnChild, spawnRelay } from "./support/children.ts"
+import { type Child, type ProducerLine, spawnChild, spawnRelay } from "./support/children.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import {
@@ -87,16 +87,6 @@ const config = {
 const SETTINGS: Record<Pass, Record<string, string>> = {
   test: { fsync: "off", synchronous_commit: "off", full_page_writes: "off" },
   durable: { fsync: "on", synchronous_commit: "on", full_page_writes: "on" },
-}
-
-interface ProducerLine {
-  readonly event: "ready" | "done"
-  readonly run?: number
-  readonly transactions?: number
-  readonly errors?: number
-  readonly firstError?: string
-  readonly p50?: number
-  readonly p99?: number
 }
 
 interface InboxLine {

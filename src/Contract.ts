@@ -113,38 +113,66 @@ const toIssues = (issues: ReadonlyArray<StandardSchemaV1.Issue>): ValidationErro
     return path ? { message: issue.message, path } : { message: issue.message }
   })
 
+type Checked<A> = { readonly value: A } | ValidationError
+
+/**
+ * Runs the contract's validator once: its verdict now, or, from an async
+ * validator, later. Every check below goes through here.
+ */
+const check = <C extends AnyContract>(
+  contract: C,
+  input: unknown,
+): Checked<PayloadOf<C>> | Promise<Checked<PayloadOf<C>>> => {
+  const verdict = (result: StandardSchemaV1.Result<PayloadOf<C>>): Checked<PayloadOf<C>> =>
+    result.issues
+      ? new ValidationError({
+          type: contract.type,
+          version: contract.version,
+          issues: toIssues(result.issues),
+        })
+      : { value: result.value }
+  let result: ReturnType<StandardSchemaV1["~standard"]["validate"]>
+  try {
+    result = contract.schema["~standard"].validate(input)
+  } catch (cause) {
+    return new ValidationError({
+      type: contract.type,
+      version: contract.version,
+      issues: [{ message: `validator threw: ${cause instanceof Error ? cause.message : String(cause)}` }],
+    })
+  }
+  return result instanceof Promise
+    ? (result as Promise<StandardSchemaV1.Result<PayloadOf<C>>>).then(verdict)
+    : verdict(result as StandardSchemaV1.Result<PayloadOf<C>>)
+}
+
+const fromChecked = <A>(checked: Checked<A>): Effect.Effect<A, ValidationError> =>
+  checked instanceof ValidationError ? Effect.fail(checked) : Effect.succeed(checked.value)
+
 /** Validates `input` against the contract; synchronous schemas stay synchronous. */
 export const validate = <C extends AnyContract>(
   contract: C,
   input: unknown,
-): Effect.Effect<PayloadOf<C>, ValidationError> => {
-  const fail = (issues: ReadonlyArray<StandardSchemaV1.Issue>) =>
-    Effect.fail(
-      new ValidationError({ type: contract.type, version: contract.version, issues: toIssues(issues) }),
-    )
-  const done = (result: StandardSchemaV1.Result<PayloadOf<C>>) =>
-    result.issues ? fail(result.issues) : Effect.succeed(result.value)
-  return Effect.suspend(() => {
-    let result: ReturnType<StandardSchemaV1["~standard"]["validate"]>
-    try {
-      result = contract.schema["~standard"].validate(input)
-    } catch (cause) {
-      return fail([{ message: `validator threw: ${cause instanceof Error ? cause.message : String(cause)}` }])
-    }
-    return result instanceof Promise
+): Effect.Effect<PayloadOf<C>, ValidationError> =>
+  Effect.suspend(() => {
+    const checked = check(contract, input)
+    return checked instanceof Promise
       ? Effect.flatMap(
-          Effect.promise(() => result as Promise<StandardSchemaV1.Result<PayloadOf<C>>>),
-          done,
+          Effect.promise(() => checked),
+          fromChecked,
         )
-      : done(result as StandardSchemaV1.Result<PayloadOf<C>>)
+      : fromChecked(checked)
   })
-}
+
+type Encoded<C extends AnyContract> = { readonly payload: PayloadOf<C>; readonly json: string }
 
 /** Serialises a validated payload, or says why it cannot round-trip through JSON. */
 const serialise = <C extends AnyContract>(
   contract: C,
-  payload: PayloadOf<C>,
-): { readonly payload: PayloadOf<C>; readonly json: string } | ValidationError => {
+  checked: Checked<PayloadOf<C>>,
+): Encoded<C> | ValidationError => {
+  if (checked instanceof ValidationError) return checked
+  const payload = checked.value
   // JSON.stringify drops what JSON cannot hold (undefined, functions); a
   // bigint throws. Either way the stored payload must round-trip, so refuse.
   let json: string | undefined
@@ -168,29 +196,13 @@ const serialise = <C extends AnyContract>(
 export const encodeSync = <C extends AnyContract>(
   contract: C,
   input: InputOf<C>,
-):
-  | { readonly payload: PayloadOf<C>; readonly json: string }
-  | ValidationError
-  | Effect.Effect<{ readonly payload: PayloadOf<C>; readonly json: string }, ValidationError> => {
-  let result: ReturnType<StandardSchemaV1["~standard"]["validate"]>
-  try {
-    result = contract.schema["~standard"].validate(input)
-  } catch (cause) {
-    return new ValidationError({
-      type: contract.type,
-      version: contract.version,
-      issues: [{ message: `validator threw: ${cause instanceof Error ? cause.message : String(cause)}` }],
-    })
-  }
-  const finish = (done: StandardSchemaV1.Result<PayloadOf<C>>) =>
-    done.issues
-      ? new ValidationError({ type: contract.type, version: contract.version, issues: toIssues(done.issues) })
-      : serialise(contract, done.value)
-  if (!(result instanceof Promise)) return finish(result as StandardSchemaV1.Result<PayloadOf<C>>)
+): Encoded<C> | ValidationError | Effect.Effect<Encoded<C>, ValidationError> => {
+  const checked = check(contract, input)
+  if (!(checked instanceof Promise)) return serialise(contract, checked)
   return Effect.flatMap(
-    Effect.promise(() => result as Promise<StandardSchemaV1.Result<PayloadOf<C>>>),
-    (done) => {
-      const encoded = finish(done)
+    Effect.promise(() => checked),
+    (later) => {
+      const encoded = serialise(contract, later)
       return encoded instanceof ValidationError ? Effect.fail(encoded) : Effect.succeed(encoded)
     },
   )
@@ -200,10 +212,14 @@ export const encodeSync = <C extends AnyContract>(
 export const encode = <C extends AnyContract>(
   contract: C,
   input: InputOf<C>,
-): Effect.Effect<{ readonly payload: PayloadOf<C>; readonly json: string }, ValidationError> =>
-  Effect.flatMap(validate(contract, input), (payload) => {
-    const encoded = serialise(contract, payload)
-    return encoded instanceof ValidationError ? Effect.fail(encoded) : Effect.succeed(encoded)
+): Effect.Effect<Encoded<C>, ValidationError> =>
+  Effect.suspend(() => {
+    const encoded = encodeSync(contract, input)
+    return encoded instanceof ValidationError
+      ? Effect.fail(encoded)
+      : Effect.isEffect(encoded)
+        ? encoded
+        : Effect.succeed(encoded)
   })
 
 /** Parses (if given text) and validates a received payload. */

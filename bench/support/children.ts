@@ -96,6 +96,20 @@ export const spawnChild = <L extends { readonly event: string }>(
   }
 }
 
+/** What support/producerProcess.ts prints: ready once connected, done after each run. */
+export interface ProducerLine {
+  readonly event: "ready" | "done"
+  readonly run?: number
+  readonly transactions?: number
+  readonly errors?: number
+  readonly firstError?: string
+  /** Transaction times, BEGIN to COMMIT acknowledged, ms. */
+  readonly p50?: number
+  readonly p99?: number
+  /** The run's own duration, first BEGIN to last COMMIT. */
+  readonly seconds?: number
+}
+
 export interface RelayStatsLine {
   readonly event: "ready" | "stats" | "stopped"
   /** Seconds since the relay's workers started. */
