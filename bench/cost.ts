@@ -19,7 +19,7 @@
 //                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
 import { execFileSync } from "node:child_process"
 import { readFileSync } from "node:fs"
-import { sql } from "kysely"
+import { type Kysely, sql } from "kysely"
 import postgres from "postgres"
 import { defaultRetryPolicy } from "../src/Retry.ts"
 import { deadQueueName, delayQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
@@ -122,6 +122,30 @@ interface Run {
   readonly cpu: CpuUse
   /** The whole machine in cores, by kind (/proc/stat): where _other_ went (softirq, steal, …). */
   readonly machine: Readonly<Record<string, number>> | undefined
+  /** What PostgreSQL did per message: transactions, WAL bytes, rows written (pg_stat_*; approximate). */
+  readonly database: DatabaseWork
+}
+
+interface DatabaseWork {
+  readonly transactions: number
+  readonly walBytes: number
+  readonly rowWrites: number
+}
+
+/**
+ * The bench database's transaction count, the server's WAL position and the rows inserted, updated
+ * and deleted in the database's tables. PostgreSQL publishes a backend's counters at most once a
+ * second, so the second sample waits for them (see the call).
+ */
+const databaseSample = async (db: Kysely<unknown>) => {
+  const r = await sql<{ xacts: string; wal: string; writes: string }>`
+    SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()) AS xacts,
+           pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::text AS wal,
+           (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables)::text AS writes`.execute(
+    db,
+  )
+  const row = r.rows[0]!
+  return { transactions: Number(row.xacts), walBytes: Number(row.wal), rowWrites: Number(row.writes) }
 }
 
 interface InboxLine {
@@ -434,6 +458,8 @@ async function runOnce(
       await sleep(200)
     }
 
+    await sleep(1100)
+    const databaseBefore = await databaseSample(bench.db)
     const before = meter.sample(pids)
     const machineBefore = machineTicks()
     producer.send(JSON.stringify({ cmd: "run", run: 1, mode, rate, seconds: config.seconds }))
@@ -461,6 +487,14 @@ async function runOnce(
     )
     const cpu = meter.use(before, meter.sample(pids))
     const machine = machineUse(machineBefore, machineTicks(), cpu.seconds)
+    // Backends publish their counters within a second of their last transaction.
+    await sleep(1100)
+    const databaseAfter = await databaseSample(bench.db)
+    const database: DatabaseWork = {
+      transactions: (databaseAfter.transactions - databaseBefore.transactions) / Math.max(1, committed),
+      walBytes: (databaseAfter.walBytes - databaseBefore.walBytes) / Math.max(1, committed),
+      rowWrites: (databaseAfter.rowWrites - databaseBefore.rowWrites) / Math.max(1, committed),
+    }
 
     // Exactly once: one effect per order, none without an order.
     const check = await sql<{
@@ -539,12 +573,14 @@ async function runOnce(
       usPerMessage,
       cpu,
       machine,
+      database,
     }
     log(
       `${label}: ${committed} messages, ${Math.round(run.e2eRate)} msg/s end to end (drain ${drainSeconds.toFixed(2)} s), ` +
         `p50 ${run.p50.toFixed(1)} ms, p99 ${run.p99.toFixed(1)} ms, ${usPerMessage.total === undefined ? "–" : Math.round(usPerMessage.total)} µs/msg, ` +
         `other ${cpu.machineBusy === undefined || total === undefined ? "–" : (cpu.machineBusy - total).toFixed(2)} cores` +
-        (machine === undefined ? "" : ` (softirq ${machine.softirq}, steal ${machine.steal})`),
+        (machine === undefined ? "" : ` (softirq ${machine.softirq}, steal ${machine.steal})`) +
+        `; per message PostgreSQL ran ${database.transactions.toFixed(2)} transactions, wrote ${Math.round(database.walBytes)} B of WAL and ${database.rowWrites.toFixed(2)} rows`,
     )
     return { run, clock }
   } finally {
