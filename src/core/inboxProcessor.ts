@@ -32,7 +32,11 @@ export interface ProcessorSettings {
   readonly onOrderedDead: OrderedDeadPolicy
 }
 
-type Ready = { readonly row: InboxRow; readonly decoded: Extract<Decoded, { readonly _tag: "Ok" }> }
+/** A claimed row to mark processed: with its decoded message, or a stand-in (core/standIn.ts), whose handler never runs. */
+type Ready = {
+  readonly row: InboxRow
+  readonly decoded: Extract<Decoded, { readonly _tag: "Ok" }> | undefined
+}
 
 export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effect<number, StoreError> => {
   // Rows of ordered keys processed this cycle: each made its key's next row claimable.
@@ -61,13 +65,14 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
                     items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
                   )
             for (const [i, item] of items.entries()) {
-              if (mine[i] !== true) continue
+              const decoded = item.decoded
+              if (mine[i] !== true || decoded === undefined) continue
               // The stored key is already the dedupe key; keep it whatever the contract computes now.
-              const envelope = { ...item.decoded.envelope, dedupeKey: item.row.key }
+              const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
               yield* runHandler(
                 p.consumer,
-                item.decoded.handler,
-                item.decoded.payload,
+                decoded.handler,
+                decoded.payload,
                 envelope,
                 tx.trx,
                 p.handlerTimeoutMs,
@@ -90,8 +95,12 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
           return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
         }
         if (!result.value) return Effect.succeed(undefined)
-        p.counters.processed++
         if (item.row.position != null) advancedKeys++
+        if (item.decoded === undefined) {
+          p.counters.duplicates++
+          return Effect.as(Metric.update(Metrics.duplicates, 1), undefined)
+        }
+        p.counters.processed++
         return Effect.as(Metric.update(Metrics.processed, 1), undefined)
       }),
     )
@@ -106,6 +115,11 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
     const marks: InboxMark[] = []
     const ready: Ready[] = []
     for (const row of rows) {
+      // A stand-in only holds its key's place: nothing to decode, no handler to run.
+      if (row.duplicateOf != null) {
+        ready.push({ row, decoded: undefined })
+        continue
+      }
       const decoded = yield* decodeDelivery(
         p.registry,
         p.handlers,

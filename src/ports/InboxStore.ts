@@ -34,6 +34,12 @@ export interface InboxRow {
   /** Tries made so far: 0 for a stored delivery nobody ran yet. */
   readonly attempts: number
   readonly lastError: string | null
+  /**
+   * Set on a stand-in the store made for an ordered duplicate (see
+   * `insertPending`): the dedupe key it repeats. Its handler never runs; it
+   * only holds the duplicate's place in its key's sequence.
+   */
+  readonly duplicateOf?: string | null
 }
 
 /** The transaction a handler runs in, with the inbox writes that must commit with it. */
@@ -91,7 +97,14 @@ export interface InboxStoreShape {
   readonly transaction: <A, E, R>(
     use: (tx: InboxTransaction) => Effect.Effect<A, E, R>,
   ) => Effect.Effect<A, E | StoreError, R>
-  /** Store-then-process: persists deliveries as pending in one write; returns how many were new. */
+  /**
+   * Store-then-process: persists deliveries as pending in one write; returns
+   * how many were new. An ordered row whose key is already there at another
+   * position (a resend under the handler's `dedupeKey`) still takes its place
+   * in its key's sequence: it is stored as a stand-in under the key
+   * `<key>@<epoch>.<seq>` with `duplicateOf` set, so that its key moves on
+   * past it. A redelivery of the same position stores nothing.
+   */
   readonly insertPending: (rows: ReadonlyArray<InboxRow>) => Effect.Effect<number, StoreError>
   /** Records rows that will never be handled (undecodable, unknown, out of attempts); duplicates are ignored. */
   readonly insertDead: (rows: ReadonlyArray<InboxRow>) => Effect.Effect<number, StoreError>

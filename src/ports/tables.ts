@@ -48,6 +48,8 @@ export interface InboxTable {
   lock_token: string | null
   processed_at: Date | null
   last_error: string | null
+  /** An ordered duplicate's stand-in (migration 0009): the dedupe key of the row it repeats. */
+  duplicate_of: ColumnType<string | null, string | null | undefined, string | null>
 }
 
 /** One row per partition key: the last number handed out, and the epoch it counts in. */

@@ -22,6 +22,7 @@
  */
 import { Deferred, Effect, Layer } from "effect"
 import type { Transaction } from "kysely"
+import { standInsFor } from "../core/standIn.ts"
 import { uuidv7 } from "../core/uuid.ts"
 import { StoreError } from "../Errors.ts"
 import {
@@ -91,6 +92,7 @@ const toInboxRow = (row: Row): InboxRow => ({
   tenantId: row.tenantId,
   attempts: row.attempts,
   lastError: row.lastError,
+  duplicateOf: row.duplicateOf ?? null,
 })
 
 /** The claim's per-key gate: an ordered row waits until it is next (or, under "skip", until only dead rows are before it). */
@@ -179,6 +181,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
       tenantId: row.tenantId,
       attempts: row.attempts,
       lastError: row.lastError,
+      duplicateOf: row.duplicateOf ?? null,
       status,
       visibleAt: now,
       lockToken: null,
@@ -193,9 +196,24 @@ export const make = (): Effect.Effect<MemoryInbox> =>
         const blocked = blocker(fresh)
         if (blocked) return blocked
         let inserted = 0
+        const keys = new Set<string>()
         for (const r of rows) {
           const k = rowKey(r.consumer, r.key)
           if (table.has(k)) continue
+          table.set(k, newRow(r, now, status))
+          keys.add(r.key)
+          inserted++
+        }
+        if (status !== "pending") return inserted
+        for (const r of standInsFor(rows, keys)) {
+          const k = rowKey(r.consumer, r.key)
+          const repeated = table.get(rowKey(r.consumer, r.duplicateOf!))
+          const samePlace =
+            repeated?.position != null &&
+            r.position != null &&
+            repeated.position.epoch === r.position.epoch &&
+            repeated.position.seq === r.position.seq
+          if (table.has(k) || samePlace) continue
           table.set(k, newRow(r, now, status))
           inserted++
         }

@@ -12,6 +12,7 @@
 import { Effect, Layer } from "effect"
 import { type CompiledQuery, type ExpressionBuilder, type Kysely, sql, type Transaction } from "kysely"
 import { tryStore } from "../core/dbErrors.ts"
+import { standInsFor } from "../core/standIn.ts"
 import { uuidv7 } from "../core/uuid.ts"
 import { Database, notifyChannel } from "../ports/Database.ts"
 import {
@@ -25,7 +26,7 @@ import {
 import type { Claim } from "../ports/lease.ts"
 import type { TxboxDatabase } from "../ports/tables.ts"
 import { prepare } from "./prepared.ts"
-import { affected, now, nowPlusMs, pending } from "./sqlFragments.ts"
+import { affected, cursorForward, now, nowPlusMs, pending } from "./sqlFragments.ts"
 import { withTransaction } from "./transaction.ts"
 
 /** An inbox row as the database returns it, and as rows travel in the batch inserts' JSON parameter. */
@@ -43,6 +44,7 @@ export interface StoredRow {
   readonly tenant_id: string | null
   readonly attempts: number
   readonly last_error: string | null
+  readonly duplicate_of?: string | null
 }
 
 /** One failure as it travels in `mark`'s JSON parameter. */
@@ -68,6 +70,7 @@ const toStored = (row: InboxRow): StoredRow => ({
   tenant_id: row.tenantId,
   attempts: row.attempts,
   last_error: row.lastError,
+  duplicate_of: row.duplicateOf ?? null,
 })
 
 const toRow = (row: StoredRow): InboxRow => ({
@@ -86,6 +89,7 @@ const toRow = (row: StoredRow): InboxRow => ({
   tenantId: row.tenant_id,
   attempts: row.attempts,
   lastError: row.last_error,
+  duplicateOf: row.duplicate_of ?? null,
 })
 
 // Each statement as a function of its parameters, compiled once per store by `statements`.
@@ -146,11 +150,13 @@ export const insertRowsQuery = (
   db: Kysely<TxboxDatabase>,
   status: "pending" | "dead" | "processed",
   { rows }: { readonly rows: string },
+  /** Stand-ins (core/standIn.ts): none where the key they repeat holds their position. */
+  standIns = false,
 ): CompiledQuery<{ message_id: string }> => {
   // The rows travel as one JSON text parameter (every driver binds a string
   // the same way). Kysely cannot say a function's column definition list.
   const records = sql<StoredRow>`jsonb_to_recordset(${rows}::text::jsonb)`.as<"r">(
-    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, partition_epoch bigint, partition_seq bigint, tenant_id text, attempts int, last_error text)`,
+    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, partition_epoch bigint, partition_seq bigint, tenant_id text, attempts int, last_error text, duplicate_of text)`,
   )
   return (
     db
@@ -171,6 +177,7 @@ export const insertRowsQuery = (
         "status",
         "last_error",
         "processed_at",
+        "duplicate_of",
       ])
       // Positional, as INSERT … SELECT is: the same order as the columns above.
       .expression((eb) =>
@@ -192,7 +199,22 @@ export const insertRowsQuery = (
             sql.lit(status).as("status"),
             "r.last_error",
             (status === "processed" ? now : sql<Date | null>`NULL::timestamptz`).as("processed_at"),
-          ]),
+            "r.duplicate_of",
+          ])
+          .$if(standIns, (qb) =>
+            qb.where(({ not, exists, selectFrom }) =>
+              not(
+                exists(
+                  selectFrom("inbox as i")
+                    .select("i.message_id")
+                    .whereRef("i.consumer", "=", "r.consumer")
+                    .whereRef("i.message_id", "=", "r.duplicate_of")
+                    .whereRef("i.partition_epoch", "=", "r.partition_epoch")
+                    .whereRef("i.partition_seq", "=", "r.partition_seq"),
+                ),
+              ),
+            ),
+          ),
       )
       .onConflict((oc) => oc.columns(["message_id", "consumer"]).doNothing())
       .returning("message_id")
@@ -308,6 +330,7 @@ export const claimQuery = (
       "i.tenant_id",
       "i.attempts",
       "i.last_error",
+      "i.duplicate_of",
     ])
     .compile()
 
@@ -401,16 +424,7 @@ export const markProcessedQuery = (
             .where("m.partition_epoch", "is not", null)
             .where("m.partition_seq", "is not", null),
         )
-        .onConflict((oc) =>
-          oc.columns(["consumer", "partition_key"]).doUpdateSet({
-            epoch: sql`GREATEST(inbox_cursors.epoch, excluded.epoch)`,
-            last_seq: sql`CASE
-              WHEN excluded.epoch > inbox_cursors.epoch THEN excluded.last_seq
-              WHEN excluded.epoch = inbox_cursors.epoch THEN GREATEST(inbox_cursors.last_seq, excluded.last_seq)
-              ELSE inbox_cursors.last_seq END`,
-            updated_at: now,
-          }),
-        ),
+        .onConflict((oc) => oc.columns(["consumer", "partition_key"]).doUpdateSet(cursorForward)),
     )
     .selectFrom("m")
     .select((eb) => eb.fn.countAll().as("marked"))
@@ -474,16 +488,7 @@ export const markProcessedAllQuery = (
               .orderBy("m.partition_epoch", "desc")
               .orderBy("m.partition_seq", "desc"),
           )
-          .onConflict((oc) =>
-            oc.columns(["consumer", "partition_key"]).doUpdateSet({
-              epoch: sql`GREATEST(inbox_cursors.epoch, excluded.epoch)`,
-              last_seq: sql`CASE
-              WHEN excluded.epoch > inbox_cursors.epoch THEN excluded.last_seq
-              WHEN excluded.epoch = inbox_cursors.epoch THEN GREATEST(inbox_cursors.last_seq, excluded.last_seq)
-              ELSE inbox_cursors.last_seq END`,
-              updated_at: now,
-            }),
-          ),
+          .onConflict((oc) => oc.columns(["consumer", "partition_key"]).doUpdateSet(cursorForward)),
       )
       .selectFrom("m")
       .select("m.message_id")
@@ -543,6 +548,7 @@ export const markQuery = (
 export interface InboxStatements {
   readonly insertProcessed: (params: ProcessedValues) => CompiledQuery<{ message_id: string }>
   readonly insertPending: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
+  readonly insertStandIns: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
   readonly insertDead: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
   readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<StoredRow>
   /** The claim under `onOrderedDead: "skip"`: dead rows do not hold their key. */
@@ -571,6 +577,9 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     attempts: -2,
   }),
   insertPending: prepare(db, (db, p: { readonly rows: string }) => insertRowsQuery(db, "pending", p), {
+    rows: "\0rows",
+  }),
+  insertStandIns: prepare(db, (db, p: { readonly rows: string }) => insertRowsQuery(db, "pending", p, true), {
     rows: "\0rows",
   }),
   insertDead: prepare(db, (db, p: { readonly rows: string }) => insertRowsQuery(db, "dead", p), {
@@ -686,7 +695,18 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
       withTransaction(database.db, (trx) => use(inTransaction(trx)), {
         commitRefusesAborted: database.commitRefusesAborted === true,
       }),
-    insertPending: (rows) => insertRows("InboxStore.insertPending", q.insertPending, rows),
+    insertPending: (rows) =>
+      rows.length === 0
+        ? Effect.succeed(0)
+        : tryStore("InboxStore.insertPending", async () => {
+            const stored = await db.executeQuery(q.insertPending({ rows: storedRows(rows) }))
+            const inserted = new Set(stored.rows.map((r) => r.message_id))
+            const standIns = standInsFor(rows, inserted)
+            if (standIns.length === 0) return stored.rows.length
+            // Rare (a resend of a keyed event under a dedupeKey): a second statement, not a second path in the first.
+            const more = await db.executeQuery(q.insertStandIns({ rows: storedRows(standIns) }))
+            return stored.rows.length + more.rows.length
+          }),
     insertDead: (rows) => insertRows("InboxStore.insertDead", q.insertDead, rows),
     claim,
     extend: (consumer, token, leaseMs) =>

@@ -24,6 +24,7 @@ import type { StoreError } from "../Errors.ts"
 import type { DatabaseShape } from "../ports/Database.ts"
 import type { InboxStatus, OutboxStatus as OutboxRowStatus, TxboxDatabase } from "../ports/tables.ts"
 import { isNext } from "./partitionGate.ts"
+import { cursorForward } from "./sqlFragments.ts"
 
 const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
   Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(
@@ -344,11 +345,9 @@ export const skipDead = (
         await trx
           .insertInto("inbox_cursors")
           .values({ consumer, partition_key: row.partition_key, epoch: row.epoch, last_seq: row.seq })
-          .onConflict((oc) =>
-            oc
-              .columns(["consumer", "partition_key"])
-              .doUpdateSet({ epoch: row.epoch!, last_seq: row.seq!, updated_at: sql<Date>`now()` }),
-          )
+          // Forward only: a processor may have moved the key past this row since it was read (under
+          // onOrderedDead "skip", or committing the key's first cursor, which no lock above held).
+          .onConflict((oc) => oc.columns(["consumer", "partition_key"]).doUpdateSet(cursorForward))
           .execute()
         return { skipped: true, partition_key: row.partition_key, seq: row.seq } as const
       }),

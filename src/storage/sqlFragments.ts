@@ -24,3 +24,18 @@ export const pending = sql.lit("pending" as const)
 /** Rows an UPDATE or DELETE changed. */
 export const affected = (result: { readonly numAffectedRows?: bigint }): number =>
   Number(result.numAffectedRows ?? 0n)
+
+/**
+ * The upsert of a consumer's cursor for a key (`ON CONFLICT … DO UPDATE SET`):
+ * it only ever moves forward. Within an epoch to the greater number (a
+ * redriven row that was already passed, a skip that raced the processor);
+ * a newer epoch replaces it; an older one changes nothing.
+ */
+export const cursorForward = {
+  epoch: sql<number>`GREATEST(inbox_cursors.epoch, excluded.epoch)`,
+  last_seq: sql<number>`CASE
+    WHEN excluded.epoch > inbox_cursors.epoch THEN excluded.last_seq
+    WHEN excluded.epoch = inbox_cursors.epoch THEN GREATEST(inbox_cursors.last_seq, excluded.last_seq)
+    ELSE inbox_cursors.last_seq END`,
+  updated_at: now,
+}

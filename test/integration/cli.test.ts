@@ -8,7 +8,7 @@ import { sql } from "kysely"
 import { migrations } from "../../src/storage/migrations.generated.ts"
 import { migrate } from "../../src/storage/migrator.ts"
 import { createTestDatabase, type TestDatabase } from "../support/db.ts"
-import { type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
+import { eventually, type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
 
 const MAIN = fileURLToPath(new URL("../../src/cli/main.ts", import.meta.url))
 
@@ -544,6 +544,39 @@ describe("txbox status and dead skip: ordered keys", () => {
     expect(expectOneLineFailure(plain, 1)).toContain("not ordered")
     const pending = await txbox(["dead", "skip", ...on(schema), "--consumer", "billing", "--id", "k3"])
     expect(expectOneLineFailure(pending, 1)).toContain("pending, not dead")
+  })
+})
+
+describe("txbox dead skip racing the processor", () => {
+  test("a skip that decided while the processor moved the key further never moves the cursor back", async () => {
+    const schema = await freshSchema()
+    const EPOCH = 1_795_000_000_000
+    await sql`INSERT INTO ${sql.id(schema, "inbox")}
+                (message_id, consumer, type, version, payload, partition_key, partition_epoch, partition_seq, status, received_at)
+              VALUES ('u1', 'billing', 'orders.paid', 1, '{}', 'U', ${EPOCH}, 1, 'dead', now())`.execute(t.db)
+    // The processor (onOrderedDead "skip") handled #2 and #3 past the dead #1 and is committing
+    // the key's first cursor as the skip reads it: the skip sees no cursor, so #1 is next.
+    let skip: ReturnType<typeof txbox> | undefined
+    await t.db.transaction().execute(async (trx) => {
+      await sql`INSERT INTO ${sql.id(schema, "inbox_cursors")} (consumer, partition_key, epoch, last_seq)
+                VALUES ('billing', 'U', ${EPOCH}, 3)`.execute(trx)
+      skip = txbox(["dead", "skip", ...on(schema), "--consumer", "billing", "--id", "u1"])
+      // Commit once the skip's cursor write waits on this transaction's row.
+      await eventually("the skip to wait for the processor's cursor", async () => {
+        const waiting = await sql<{ n: string }>`
+          SELECT count(*) AS n FROM pg_stat_activity
+          WHERE wait_event_type = 'Lock' AND query ILIKE '%inbox_cursors%'`.execute(t.db)
+        return Number(waiting.rows[0]!.n) > 0
+      })
+    })
+    const run = await skip!
+    expect(run.stderr).toBe("")
+    expect(run.code).toBe(0)
+    const cursor = await sql<{ last_seq: string }>`
+      SELECT last_seq FROM ${sql.id(schema, "inbox_cursors")} WHERE consumer = 'billing' AND partition_key = 'U'`.execute(
+      t.db,
+    )
+    expect(Number(cursor.rows[0]!.last_seq)).toBe(3)
   })
 })
 

@@ -58,6 +58,7 @@ const startInbox = (
     mode?: Inbox.InboxConfig["mode"]
     onOrderedDead?: Inbox.InboxConfig["onOrderedDead"]
     pollInterval?: Inbox.InboxConfig["pollInterval"]
+    dedupeKey?: (payload: { readonly key: string; readonly label: string }) => string
   } = {},
 ) =>
   ManagedRuntime.make(
@@ -68,15 +69,18 @@ const startInbox = (
       pollInterval: options.pollInterval ?? "200 millis",
       retry: { initialDelay: "50 millis", maxDelay: "200 millis", maxAttempts: options.refuse ? 2 : 20 },
       handlers: [
-        Inbox.handler(Step, ({ payload, envelope, trx }) =>
-          options.refuse?.(payload.label) || Math.random() < (options.failRate ?? 0)
-            ? Effect.fail(new Error(`refusing ${payload.label}`))
-            : Effect.promise(() =>
-                sql`INSERT INTO seen (consumer, key, seq, label)
+        Inbox.handler(
+          Step,
+          ({ payload, envelope, trx }) =>
+            options.refuse?.(payload.label) || Math.random() < (options.failRate ?? 0)
+              ? Effect.fail(new Error(`refusing ${payload.label}`))
+              : Effect.promise(() =>
+                  sql`INSERT INTO seen (consumer, key, seq, label)
                     VALUES (${consumer}, ${payload.key}, ${envelope.position?.seq ?? null}, ${payload.label})`.execute(
-                  trx,
+                    trx,
+                  ),
                 ),
-              ),
+          options.dedupeKey ? { dedupeKey: options.dedupeKey } : {},
         ),
       ],
     }).pipe(
@@ -223,6 +227,85 @@ describe("per-key order, end to end", () => {
         for (const [key, got] of seen) {
           expect({ mode, key, seqs: got.seqs }).toEqual({ mode, key, seqs: [1, 2, 3, 4, 5, 6, 7, 8] })
         }
+      } finally {
+        await publisher.dispose()
+        await inbox.dispose()
+      }
+    }
+  }, 150_000)
+
+  test("a resend under the handler's dedupeKey is dropped and still moves its key on (both modes)", async () => {
+    for (const mode of ["idempotent", "store-then-process"] as const) {
+      const exchange = uniqueName(`ordering-resend-${mode}`)
+      const consumer = uniqueName(`ordering-resend-${mode}`)
+      // The business key is the label: seq 3 resends seq 2's event under a new message id.
+      const inbox = startInbox(exchange, consumer, { mode, dedupeKey: (payload) => payload.label })
+      const publisher = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
+      try {
+        await inbox.runPromise(Effect.void)
+        const epoch = Date.now()
+        const messages: OutgoingMessage[] = []
+        for (let k = 0; k < 10; k++) {
+          const key = `k${k}`
+          const labels = ["placed", "paid", "paid", "shipped", "delivered"]
+          for (const [i, label] of labels.entries()) {
+            messages.push({
+              id: uuidv7(),
+              type: Step.type,
+              version: 1,
+              routingKey: Step.type,
+              body: JSON.stringify({ key, label: `${key}:${label}` }),
+              headers: {},
+              occurredAt: new Date(),
+              partitionKey: key,
+              position: { epoch, seq: i + 1 },
+              tenantId: null,
+            })
+          }
+        }
+        // Latest first, then everything again in a random order: the resend may arrive before
+        // the event it repeats, and every message is redelivered once.
+        const shuffled = [...messages].reverse().concat([...messages].sort(() => Math.random() - 0.5))
+        const outcomes = await publisher.runPromise(
+          Effect.gen(function* () {
+            const transport = yield* Transport
+            return yield* transport.publish(shuffled)
+          }),
+        )
+        expect(outcomes.every((o) => o._tag === "Confirmed")).toBe(true)
+        await eventually(
+          `${mode}: every key's last message handled`,
+          async () =>
+            Number(
+              (
+                await sql<{ n: string }>`
+                  SELECT count(*) AS n FROM seen WHERE consumer = ${consumer} AND label LIKE '%:delivered'`.execute(
+                  t.db,
+                )
+              ).rows[0]!.n,
+            ) >= 10,
+          60_000,
+        )
+        await new Promise((resolve) => setTimeout(resolve, 300)) // room for a wrong late duplicate
+        const seen = await seenByKey(consumer)
+        expect(seen.size).toBe(10)
+        for (const [key, got] of seen) {
+          // One handler run per business event, in commit order; the resend holds seq 2 or 3.
+          expect({ mode, key, labels: got.labels }).toEqual({
+            mode,
+            key,
+            labels: [`${key}:placed`, `${key}:paid`, `${key}:shipped`, `${key}:delivered`],
+          })
+          expect(got.seqs[0]).toBe(1)
+          expect([2, 3]).toContain(got.seqs[1]!)
+          expect(got.seqs.slice(2)).toEqual([4, 5])
+        }
+        // Nothing left waiting: the stand-ins were processed with their keys.
+        const waiting = await sql<{ n: string }>`
+          SELECT count(*) AS n FROM txbox.inbox WHERE consumer = ${consumer} AND status <> 'processed'`.execute(
+          t.db,
+        )
+        expect(Number(waiting.rows[0]!.n)).toBe(0)
       } finally {
         await publisher.dispose()
         await inbox.dispose()

@@ -712,6 +712,27 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       expect(rows[0]).toMatchObject({ partitionKey: "A", position: { epoch: EPOCH, seq: 1 } })
     })
 
+    test("an ordered row whose key is taken at another place is stored as a stand-in that holds its place; a redelivery stores nothing", async () => {
+      // "p" is a business key (a dedupeKey): seq 2 is the event, seq 3 its resend, seq 4 what follows.
+      expect(await store((s) => s.insertPending([ordered("a1", "A", 1), ordered("p", "A", 2)]))).toBe(2)
+      // The resend, twice (a redelivery), and the original again: one stand-in, nothing else.
+      expect(await store((s) => s.insertPending([ordered("p", "A", 3), ordered("p", "A", 3)]))).toBe(1)
+      expect(await store((s) => s.insertPending([ordered("p", "A", 2), ordered("p", "A", 3)]))).toBe(0)
+      await store((s) => s.insertPending([ordered("a4", "A", 4)]))
+      await processNext(["a1"])
+      await processNext(["p"])
+      const { rows } = await claim(10)
+      expect(rows.map((r) => [r.key, r.duplicateOf, r.position?.seq])).toEqual([
+        ["p@1795000000000.3", "p", 3],
+      ])
+    })
+
+    test("a key given twice in one insert at two places keeps both places", async () => {
+      expect(await store((s) => s.insertPending([ordered("p", "A", 1), ordered("p", "A", 2)]))).toBe(2)
+      const { rows } = await claim(10)
+      expect(rows.map((r) => [r.key, r.duplicateOf ?? null])).toEqual([["p", null]])
+    })
+
     test("a missing predecessor is waited for, never guessed past", async () => {
       await store((s) => s.insertPending([ordered("a2", "A", 2), ordered("a3", "A", 3)]))
       expect(await claimKeys()).toMatchObject({ keys: [] })
