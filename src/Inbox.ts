@@ -22,6 +22,7 @@ import { indexHandlers } from "./core/decodeDelivery.ts"
 import type { Handler } from "./core/handler.ts"
 import { makeConsumer, makeInboxCounters } from "./core/inboxConsumer.ts"
 import { processorCycle } from "./core/inboxProcessor.ts"
+import type { RouteBinding } from "./core/keyRoutes.ts"
 import { isLive, makeLoopState, runLeaseLoop } from "./core/leaseLoop.ts"
 import { makeSignal } from "./core/signal.ts"
 import { subscribe } from "./core/subscription.ts"
@@ -172,7 +173,18 @@ export const make = (
     const store = yield* InboxStore
     const transport = yield* Transport
     const counters = makeInboxCounters()
+    // Asked for once the queue is bound (below), else at the first ordered delivery; kept once known.
+    let bound: ReadonlyArray<RouteBinding> | undefined
+    const bindings = Effect.suspend(() =>
+      bound !== undefined
+        ? Effect.succeed(bound)
+        : Effect.map(store.bindings(c.consumer, registry.types), (b) => {
+            if (b.length === registry.types.length) bound = b
+            return b
+          }),
+    )
     const parts = {
+      bindings,
       consumer: c.consumer,
       store,
       registry,
@@ -191,6 +203,10 @@ export const make = (
       { consumer: c.consumer, types: registry.types, prefetch: c.prefetch },
       c.mode === "idempotent" ? consumer.idempotent : consumer.storeThenProcess,
       c.outage,
+      // When the bindings began is what a late consumer's ordered messages are measured against:
+      // recorded as soon as the queue is bound, not at the first ordered delivery, which may come
+      // much later. A database away now leaves it to that first delivery.
+      Effect.ignore(bindings),
     )
 
     // The processor runs in both modes: in store-then-process it does all the

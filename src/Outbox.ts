@@ -8,6 +8,8 @@ import { type AnyContract, encodeSync, type InputOf } from "./Contract.ts"
 import { classifyDbError } from "./core/dbErrors.ts"
 import { insertOutbox } from "./core/enqueueStatement.ts"
 import { validateSchemaName } from "./core/identifier.ts"
+import { formatKeyRoutes, type KeyRoutes, routesBefore, withHeader } from "./core/keyRoutes.ts"
+import { PARTITION_ROUTES_HEADER } from "./core/position.ts"
 import * as trace from "./core/trace.ts"
 import { isUuid, uuidv7 } from "./core/uuid.ts"
 import { type ConfigError, type StoreError, ValidationError } from "./Errors.ts"
@@ -109,49 +111,87 @@ type Row = Exclude<ReturnType<typeof toRow>, ValidationError>
 /** Schema names already checked: the check is a regex, and the name is the same on every call. */
 const validSchemas = new Set<string>()
 
+/** The database's clock in ms since 1970: the enqueue time a message's successors carry for it. */
+const NOW_MS = sql<number>`(extract(epoch FROM now()) * 1000)::bigint`
+
+/** A keyed row's place, and the last message before it on each route of its key (`KeyRoutes`). */
+interface Numbered extends PartitionPosition {
+  readonly routes: KeyRoutes
+}
+
 /**
- * Takes the next numbers of each partition key in `rows` from its counter row,
- * in the caller's transaction: the row lock makes a concurrent transaction for
- * the same key wait for this one to commit, so numbers follow commit order.
- * Keys are locked in sorted order, so two transactions writing the same keys
- * cannot deadlock on them. One statement; none when no row has a key.
+ * Numbers one message of each key in `rows` (keys distinct) from its counter
+ * row, in the caller's transaction. The row lock makes a concurrent
+ * transaction for the same key wait for this one to commit, so numbers follow
+ * commit order. The counter also keeps, per routing key, its last two
+ * messages (number and enqueue time), from which each message learns the
+ * last message before it on every route of its key.
  */
-const numberByKey = async (
+const numberOnce = async (
   db: Kysely<TxboxDatabase>,
-  rows: ReadonlyArray<{ readonly partition_key: string | null }>,
-): Promise<ReadonlyArray<PartitionPosition | undefined>> => {
-  const counts = new Map<string, number>()
-  for (const { partition_key: key } of rows) if (key !== null) counts.set(key, (counts.get(key) ?? 0) + 1)
-  if (counts.size === 0) return []
-  const keys = [...counts.keys()].sort()
+  rows: ReadonlyArray<{ readonly key: string; readonly route: string }>,
+): Promise<Map<string, Numbered>> => {
   const counters = await db
     .insertInto("partition_counters")
-    .values(keys.map((key) => ({ partition_key: key, seq: counts.get(key)! })))
+    .values(
+      rows.map(({ key, route }) => ({
+        partition_key: key,
+        seq: 1,
+        routes: sql<string>`jsonb_build_object(${route}::text, jsonb_build_array(1, ${NOW_MS}, 0, 0))`,
+      })),
+    )
     .onConflict((oc) =>
       oc.column("partition_key").doUpdateSet((eb) => ({
-        seq: eb("partition_counters.seq", "+", eb.ref("excluded.seq")),
+        seq: eb("partition_counters.seq", "+", 1),
         updated_at: sql<Date>`now()`,
+        // The inserted row's one route, now numbered after the counter's last message.
+        routes: sql<string>`partition_counters.routes || (
+          SELECT jsonb_object_agg(r, jsonb_build_array(
+            partition_counters.seq + 1, ${NOW_MS},
+            COALESCE((partition_counters.routes -> r ->> 0)::bigint, 0),
+            COALESCE((partition_counters.routes -> r ->> 1)::bigint, 0)))
+          FROM jsonb_object_keys(excluded.routes) AS r)`,
       })),
     )
     .returning((eb) => [
       "partition_key",
       eb.cast<number>("epoch", "double precision").as("epoch"),
-      eb.cast<number>("seq", "double precision").as("last"),
+      eb.cast<number>("seq", "double precision").as("seq"),
+      "routes",
     ])
     .execute()
-  // This call's numbers for a key are the last `count` of its counter, handed out in row order.
-  const next = new Map(
+  const route = new Map(rows.map((r) => [r.key, r.route]))
+  return new Map(
     counters.map((c) => [
       c.partition_key,
-      { epoch: c.epoch, seq: c.last - counts.get(c.partition_key)! + 1 },
+      { epoch: c.epoch, seq: c.seq, routes: routesBefore(c.routes, route.get(c.partition_key)!) },
     ]),
   )
-  return rows.map(({ partition_key: key }) => {
-    if (key === null) return undefined
-    const at = next.get(key)!
-    next.set(key, { epoch: at.epoch, seq: at.seq + 1 })
-    return at
-  })
+}
+
+/**
+ * The numbers of each partition key in `rows`, in row order. Keys are locked
+ * in sorted order, so two transactions writing the same keys cannot deadlock
+ * on them: one statement when every key has one row (the common call), else
+ * one per row. None when no row has a key.
+ */
+const numberByKey = async (
+  db: Kysely<TxboxDatabase>,
+  rows: ReadonlyArray<{ readonly partition_key: string | null; readonly route: string }>,
+): Promise<ReadonlyArray<Numbered | undefined>> => {
+  const keyed = rows.flatMap((row, i) =>
+    row.partition_key === null ? [] : [{ i, key: row.partition_key, route: row.route }],
+  )
+  if (keyed.length === 0) return []
+  keyed.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : a.i - b.i))
+  const numbered = new Array<Numbered | undefined>(rows.length)
+  if (new Set(keyed.map((k) => k.key)).size === keyed.length) {
+    const byKey = await numberOnce(db, keyed)
+    for (const k of keyed) numbered[k.i] = byKey.get(k.key)
+  } else {
+    for (const k of keyed) numbered[k.i] = (await numberOnce(db, [k])).get(k.key)
+  }
+  return numbered
 }
 
 /**
@@ -228,17 +268,28 @@ const enqueueRows = (
 const insertRows = (executor: Executor, schema: string, rows: ReadonlyArray<Row>) => {
   const keyed = rows.some((r) => r.partition_key !== null)
   const write = async (db: Kysely<TxboxDatabase>) => {
-    const positions = keyed ? await numberByKey(db.withSchema(schema), rows) : []
+    const positions = keyed
+      ? await numberByKey(
+          db.withSchema(schema),
+          rows.map((r) => ({ partition_key: r.partition_key, route: r.routing_key ?? r.type })),
+        )
+      : []
     // Payload and headers are bound as text and cast: postgres.js would otherwise encode the JSON
     // string a second time. The text names the schema itself.
     await db.executeQuery(
       insertOutbox(
         schema,
-        rows.map((r, i) => ({
-          ...r,
-          partition_epoch: positions[i]?.epoch ?? null,
-          partition_seq: positions[i]?.seq ?? null,
-        })),
+        rows.map((r, i) => {
+          const at = positions[i]
+          return at === undefined
+            ? { ...r, partition_epoch: null, partition_seq: null }
+            : {
+                ...r,
+                headers: withHeader(r.headers, PARTITION_ROUTES_HEADER, formatKeyRoutes(at.routes)),
+                partition_epoch: at.epoch,
+                partition_seq: at.seq,
+              }
+        }),
       ),
     )
   }

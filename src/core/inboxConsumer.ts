@@ -25,6 +25,8 @@ import { makeBatcher } from "./batcher.ts"
 import { bounded } from "./bounded.ts"
 import { type Decoded, decodeDelivery, type HandlerIndex, positionOfDelivery } from "./decodeDelivery.ts"
 import { HandlerFailed, runHandler } from "./handler.ts"
+import { parseKeyRoutes, type RouteBinding, withAfter } from "./keyRoutes.ts"
+import { PARTITION_ROUTES_HEADER } from "./position.ts"
 import { FailedAt, runShared } from "./sharedTransaction.ts"
 import { storableRow } from "./storable.ts"
 import { type Failure, outage, permanent, transient, verdictFor } from "./verdict.ts"
@@ -63,6 +65,8 @@ export interface InboxParts {
   readonly afterCommit: ((delivery: Delivery) => Effect.Effect<void>) | undefined
   /** The transport's messaging identity, for the handler spans' attributes. */
   readonly messaging?: MessagingIdentity | undefined
+  /** The consumer queue's bindings and when each began: what an ordered message waits for depends on them. */
+  readonly bindings: Effect.Effect<ReadonlyArray<RouteBinding>, StoreError>
 }
 
 export const deadInbox = Metric.withAttributes(Metrics.dead, { side: "inbox" })
@@ -269,9 +273,24 @@ export const makeConsumer = (p: InboxParts) => {
       if (delivery.deadLettered !== undefined) return yield* deadLettered(delivery, delivery.deadLettered)
       // Stored with no tries made: the processor's first run is attempt 1.
       const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, 0)
-      if (decoded._tag === "Bad") return yield* recordDead({ ...decoded.row, attempts: 1 })
+      const at = decoded.row.position
+      // An ordered message that can never be handled is stored all the same and goes dead when its
+      // turn comes: dead before its turn, under onOrderedDead "skip" it would let its successors
+      // pass predecessors still on their way.
+      if (decoded._tag === "Bad" && at == null) return yield* recordDead({ ...decoded.row, attempts: 1 })
+      const row =
+        at == null
+          ? decoded.row
+          : {
+              ...decoded.row,
+              position: withAfter(
+                at,
+                parseKeyRoutes(delivery.headers[PARTITION_ROUTES_HEADER]),
+                yield* p.bindings,
+              ),
+            }
       const stored = yield* Effect.result(
-        storeBatcher.submit(decoded.row).pipe(bounded("Inbox.store", STATEMENTS_MS)),
+        storeBatcher.submit(row).pipe(bounded("Inbox.store", STATEMENTS_MS)),
       )
       if (stored._tag === "Failure") {
         if (stored.failure.reason !== "data") return yield* outageDecision(delivery, stored.failure)

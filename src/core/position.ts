@@ -6,6 +6,8 @@ import type { PartitionPosition } from "../ports/Transport.ts"
 
 export const PARTITION_EPOCH_HEADER = "txbox-partition-epoch"
 export const PARTITION_SEQ_HEADER = "txbox-partition-seq"
+/** The last message before this one on each route of its key (`keyRoutes.ts`), as JSON. */
+export const PARTITION_ROUTES_HEADER = "txbox-partition-routes"
 
 const wholeNumber = (value: unknown): number | undefined => {
   const n =

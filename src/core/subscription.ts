@@ -14,9 +14,11 @@ export const subscribe = (
   options: SubscribeOptions,
   handle: (delivery: Delivery) => Effect.Effect<DeliveryDecision>,
   outage: RetryPolicy,
+  /** Runs once the queue is bound, whether at once or in the background. */
+  onSubscribed: Effect.Effect<void> = Effect.void,
 ): Effect.Effect<void, ConfigError, Scope.Scope> =>
   Effect.gen(function* () {
-    const attempt = transport.subscribe(options, handle)
+    const attempt = Effect.tap(transport.subscribe(options, handle), () => onSubscribed)
     const first = yield* Effect.result(attempt)
     if (first._tag === "Success") return
     if (!first.failure.retryable) {

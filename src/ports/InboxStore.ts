@@ -7,6 +7,7 @@
  */
 import { Context, type Effect, type Scope } from "effect"
 import type { Transaction } from "kysely"
+import type { RouteBinding } from "../core/keyRoutes.ts"
 import type { StoreError } from "../Errors.ts"
 import type { Claim, Verdict } from "./lease.ts"
 import type { PartitionPosition } from "./Transport.ts"
@@ -127,6 +128,16 @@ export interface InboxStoreShape {
     token: string,
     marks: ReadonlyArray<InboxMark>,
   ) => Effect.Effect<number, StoreError>
+  /**
+   * When `consumer`'s queue was first bound to each of `patterns` (ms since
+   * 1970, the store's clock), recording now for a pattern it has not seen.
+   * Called once the queue is bound (at the first delivery), so a recorded
+   * time is never before the binding existed.
+   */
+  readonly bindings: (
+    consumer: string,
+    patterns: ReadonlyArray<string>,
+  ) => Effect.Effect<ReadonlyArray<RouteBinding>, StoreError>
   /** Calls `onWake` when pending rows may have arrived (store-then-process), until the scope closes. Latency only. */
   readonly wakeups: (onWake: () => void) => Effect.Effect<void, StoreError, Scope.Scope>
 }

@@ -14,6 +14,12 @@ export interface PartitionPosition {
   /** When the key's counter was created (ms since 1970). A counter created anew starts a newer epoch at 1. */
   readonly epoch: number
   readonly seq: number
+  /**
+   * The number of this key's last message before this one that the consumer
+   * receives and must handle first (0: none). Set by the inbox from the
+   * message's routes (`core/keyRoutes.ts`); absent, `seq − 1`.
+   */
+  readonly after?: number
 }
 
 /** One message as the relay hands it to the broker. `body` is the JSON text of the payload. */

@@ -40,6 +40,8 @@ export interface InboxTable {
   /** The message's place in its key's sequence (migration 0004); null for unordered rows. */
   partition_epoch: ColumnType<string | null, number | null | undefined, number | null>
   partition_seq: ColumnType<string | null, number | null | undefined, number | null>
+  /** What the row waits for (migration 0009): its key's last number before it for this consumer; null: seq − 1. */
+  partition_after: ColumnType<string | null, number | null | undefined, number | null>
   tenant_id: string | null
   received_at: Timestamp
   visible_at: Timestamp
@@ -59,6 +61,15 @@ export interface PartitionCountersTable {
   epoch: ColumnType<string, number | undefined, never>
   seq: ColumnType<string, number, number>
   updated_at: ColumnType<Date, Date | string | undefined, Date | string>
+  /** Per routing key, its last two messages (migration 0009): `{ route: [seq, atMs, prevSeq, prevAtMs] }`. */
+  routes: ColumnType<Record<string, ReadonlyArray<number>>, string | undefined, string>
+}
+
+/** When a consumer's queue was first bound to a routing pattern (migration 0009). */
+export interface InboxBindingsTable {
+  consumer: string
+  pattern: string
+  bound_at: ColumnType<Date, Date | string | undefined, never>
 }
 
 /** Per consumer and key: the last number handled. The processor claims only the next. */
@@ -82,6 +93,7 @@ export interface TxboxDatabase {
   outbox: OutboxTable
   inbox: InboxTable
   inbox_cursors: InboxCursorsTable
+  inbox_bindings: InboxBindingsTable
   partition_counters: PartitionCountersTable
   txbox_migrations: MigrationsTable
 }

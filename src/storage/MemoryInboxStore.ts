@@ -228,6 +228,17 @@ export const make = (): Effect.Effect<MemoryInbox> =>
 
     const insertDead = (rows: ReadonlyArray<InboxRow>) => insertRows("InboxStore.insertDead", rows, "dead")
 
+    /** When each (consumer, pattern) was first bound: the first time it was asked for. */
+    const boundAt = new Map<string, number>()
+    const bindings = (consumer: string, patterns: ReadonlyArray<string>) =>
+      op("InboxStore.bindings", (now) =>
+        patterns.map((pattern) => {
+          const k = rowKey(consumer, pattern)
+          if (!boundAt.has(k)) boundAt.set(k, now)
+          return { pattern, boundAtMs: boundAt.get(k)! }
+        }),
+      )
+
     const claim = (consumer: string, limit: number, leaseMs: number, onDead: OrderedDeadPolicy = "block") =>
       op("InboxStore.claim", (now): Claim<InboxRow> => {
         const token = uuidv7()
@@ -388,7 +399,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
       )
 
     return {
-      store: { transaction, insertPending, insertDead, claim, extend, mark, wakeups },
+      store: { transaction, insertPending, insertDead, claim, extend, mark, bindings, wakeups },
       rows: (consumer?: string) =>
         [...table.values()].filter((r) => consumer === undefined || r.consumer === consumer).map(snapshot),
       setDown: (value: boolean) => {

@@ -41,6 +41,7 @@ export interface StoredRow {
   readonly partition_key: string | null
   readonly partition_epoch: number | null
   readonly partition_seq: number | null
+  readonly partition_after?: number | null
   readonly tenant_id: string | null
   readonly attempts: number
   readonly last_error: string | null
@@ -67,6 +68,7 @@ const toStored = (row: InboxRow): StoredRow => ({
   partition_key: row.partitionKey,
   partition_epoch: row.position?.epoch ?? null,
   partition_seq: row.position?.seq ?? null,
+  partition_after: row.position?.after ?? null,
   tenant_id: row.tenantId,
   attempts: row.attempts,
   last_error: row.lastError,
@@ -85,7 +87,9 @@ const toRow = (row: StoredRow): InboxRow => ({
   position:
     row.partition_epoch === null || row.partition_seq === null
       ? null
-      : { epoch: row.partition_epoch, seq: row.partition_seq },
+      : row.partition_after == null
+        ? { epoch: row.partition_epoch, seq: row.partition_seq }
+        : { epoch: row.partition_epoch, seq: row.partition_seq, after: row.partition_after },
   tenantId: row.tenant_id,
   attempts: row.attempts,
   lastError: row.last_error,
@@ -156,7 +160,7 @@ export const insertRowsQuery = (
   // The rows travel as one JSON text parameter (every driver binds a string
   // the same way). Kysely cannot say a function's column definition list.
   const records = sql<StoredRow>`jsonb_to_recordset(${rows}::text::jsonb)`.as<"r">(
-    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, partition_epoch bigint, partition_seq bigint, tenant_id text, attempts int, last_error text, duplicate_of text)`,
+    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, partition_epoch bigint, partition_seq bigint, partition_after bigint, tenant_id text, attempts int, last_error text, duplicate_of text)`,
   )
   return (
     db
@@ -172,6 +176,7 @@ export const insertRowsQuery = (
         "partition_key",
         "partition_epoch",
         "partition_seq",
+        "partition_after",
         "tenant_id",
         "attempts",
         "status",
@@ -194,6 +199,7 @@ export const insertRowsQuery = (
             "r.partition_key",
             "r.partition_epoch",
             "r.partition_seq",
+            "r.partition_after",
             "r.tenant_id",
             "r.attempts",
             sql.lit(status).as("status"),
@@ -224,68 +230,52 @@ export const insertRowsQuery = (
 
 /**
  * The per-key gate of the claim: an ordered row (`w`) waits while it is early —
- * its key's cursor is not yet at its predecessor. Claimable: unordered rows;
- * the next of its epoch (or one already passed: a redriven row); the first of
- * a newer epoch; the first of a key the consumer has not seen. An older
- * epoch's row is late, not early. Never guesses past a missing number.
+ * what it waits for (`partition_after`, or for a row that does not say, the
+ * number before it; `partitionGate.ts`) is not yet handled. Claimable:
+ * unordered rows; a row whose predecessor for this consumer is handled (or
+ * one already passed: a redriven row); one that waits for nothing, in a newer
+ * epoch or a key the consumer has not seen. An older epoch's row is late, not
+ * early. Never guesses past a missing number.
  */
 type InboxScope = TxboxDatabase & { readonly w: TxboxDatabase["inbox"] }
+const afterOf = (eb: ExpressionBuilder<InboxScope, "w">) =>
+  eb.fn.coalesce("w.partition_after", sql<string>`w.partition_seq - 1`)
 const notEarly = (eb: ExpressionBuilder<InboxScope, "w">) => {
   const cursor = eb
     .selectFrom("inbox_cursors as c")
     .select(sql.lit(1).as("one"))
     .whereRef("c.consumer", "=", "w.consumer")
     .whereRef("c.partition_key", "=", "w.partition_key")
+  const after = afterOf(eb)
   return eb.or([
     eb("w.partition_seq", "is", null),
     eb.exists(
       cursor.where((c) =>
         c.or([
-          c.and([
-            c("c.epoch", "=", c.ref("w.partition_epoch")),
-            c("w.partition_seq", "<=", sql<string>`c.last_seq + 1`),
-          ]),
+          c.and([c("c.epoch", "=", c.ref("w.partition_epoch")), c(after, "<=", c.ref("c.last_seq"))]),
           c("c.epoch", ">", c.ref("w.partition_epoch")),
-          c.and([c("c.epoch", "<", c.ref("w.partition_epoch")), c("w.partition_seq", "=", sql<string>`1`)]),
+          c.and([c("c.epoch", "<", c.ref("w.partition_epoch")), c(after, "=", sql<string>`0`)]),
         ]),
       ),
     ),
-    eb.and([eb("w.partition_seq", "=", sql<string>`1`), eb.not(eb.exists(cursor))]),
+    eb.and([eb(after, "=", sql<string>`0`), eb.not(eb.exists(cursor))]),
   ])
 }
-
-/**
- * The gate under `onOrderedDead: "skip"`: an early row may still go when every
- * number between its key's cursor and it is a dead row (a dead message counts
- * as passed). Only a missing number holds it then. Both counts run on the
- * `inbox_ordered` index, and only for rows `notEarly` turned away.
- */
-const onlyDeadBefore = (eb: ExpressionBuilder<InboxScope, "w">) => {
-  const handled = eb.fn.coalesce(
+/** Under onOrderedDead "skip": what the row waits for is dead (see `onlyDeadBefore` in partitionGate.ts). */
+const onlyDeadBefore = (eb: ExpressionBuilder<InboxScope, "w">) =>
+  eb.exists(
     eb
-      .selectFrom("inbox_cursors as c")
-      .select("c.last_seq")
-      .whereRef("c.consumer", "=", "w.consumer")
-      .whereRef("c.partition_key", "=", "w.partition_key")
-      .whereRef("c.epoch", "=", "w.partition_epoch"),
-    sql.lit(0),
+      .selectFrom("inbox as d")
+      .select(sql.lit(1).as("one"))
+      .whereRef("d.consumer", "=", "w.consumer")
+      .whereRef("d.partition_key", "=", "w.partition_key")
+      .whereRef("d.partition_epoch", "=", "w.partition_epoch")
+      .where("d.partition_seq", "=", afterOf(eb))
+      // Spelled as the partial index's predicate too, so the planner uses it.
+      .where("d.status", "<>", sql.lit("processed"))
+      .where("d.status", "=", sql.lit("dead")),
   )
-  const deadBetween = eb
-    .selectFrom("inbox as d")
-    .select((d) => d.fn.countAll<string>().as("n"))
-    .whereRef("d.consumer", "=", "w.consumer")
-    .whereRef("d.partition_key", "=", "w.partition_key")
-    .whereRef("d.partition_epoch", "=", "w.partition_epoch")
-    .where("d.partition_seq", "is not", null)
-    // Spelled as the partial index's predicate too, so the planner uses it.
-    .where("d.status", "<>", sql.lit("processed"))
-    .where("d.status", "=", sql.lit("dead"))
-    .where(sql<boolean>`d.partition_seq > ${handled}`)
-    .whereRef("d.partition_seq", "<", "w.partition_seq")
-  return eb(sql<string>`${eb.ref("w.partition_seq")} - 1 - ${handled}`, "=", deadBetween)
-}
 
-/** Claims up to `limit` due pending rows of one consumer: SKIP LOCKED plus a lease, as the relay claims the outbox. */
 export const claimQuery = (
   db: Kysely<TxboxDatabase>,
   {
@@ -327,12 +317,53 @@ export const claimQuery = (
       "i.partition_key",
       eb.cast<number | null>("i.partition_epoch", "double precision").as("partition_epoch"),
       eb.cast<number | null>("i.partition_seq", "double precision").as("partition_seq"),
+      eb.cast<number | null>("i.partition_after", "double precision").as("partition_after"),
       "i.tenant_id",
       "i.attempts",
       "i.last_error",
       "i.duplicate_of",
     ])
     .compile()
+
+/**
+ * Records when `consumer`'s queue was first bound to each pattern (a pattern
+ * already there keeps its time) and answers every pattern's time. The rows
+ * the INSERT writes are not visible to the SELECT of the same statement, so
+ * each pattern comes from one side of the UNION.
+ */
+export const bindingsQuery = (
+  db: Kysely<TxboxDatabase>,
+  { consumer, patterns }: { readonly consumer: string; readonly patterns: string },
+): CompiledQuery<{ pattern: string; bound_at_ms: number }> => {
+  const wanted = sql<{ value: string }>`jsonb_array_elements_text(${patterns}::text::jsonb)`.as<"p">(
+    sql`p(value)`,
+  )
+  const ms = sql<number>`(extract(epoch FROM bound_at) * 1000)::double precision`
+  return db
+    .with("ins", (qb) =>
+      qb
+        .insertInto("inbox_bindings")
+        .columns(["consumer", "pattern"])
+        .expression((eb) => eb.selectFrom(wanted).select([sql.val(consumer).as("consumer"), "p.value"]))
+        .onConflict((oc) => oc.columns(["consumer", "pattern"]).doNothing())
+        .returning(["pattern", ms.as("bound_at_ms")]),
+    )
+    .selectFrom("ins")
+    .select(["ins.pattern", "ins.bound_at_ms"])
+    .unionAll((eb) =>
+      eb
+        .selectFrom("inbox_bindings as b")
+        .select([
+          "b.pattern",
+          sql<number>`(extract(epoch FROM b.bound_at) * 1000)::double precision`.as("bound_at_ms"),
+        ])
+        .where("b.consumer", "=", consumer)
+        .where(
+          sql<boolean>`b.pattern IN (SELECT value FROM jsonb_array_elements_text(${patterns}::text::jsonb))`,
+        ),
+    )
+    .compile()
+}
 
 /** Hands every row of `consumer` that `token` holds back, due now (a claim given up on). */
 export const releaseQuery = (
@@ -719,6 +750,18 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
         : tryStore("InboxStore.mark", () =>
             db.executeQuery(q.mark({ consumer, token, failures: markFailures(marks) })).then(affected),
           ),
+    bindings: (consumer, patterns) =>
+      tryStore("InboxStore.bindings", async () => {
+        const query = bindingsQuery(db, { consumer, patterns: JSON.stringify(patterns) })
+        // Another process recording the same pattern at the same moment makes this INSERT wait for
+        // it and then skip the row, which this statement's snapshot does not show yet: the next does.
+        for (let tries = 0; ; tries++) {
+          const rows = (await db.executeQuery(query)).rows
+          const found = new Set(rows.map((b) => b.pattern))
+          if (patterns.every((p) => found.has(p)) || tries === 2)
+            return rows.map((b) => ({ pattern: b.pattern, boundAtMs: Number(b.bound_at_ms) }))
+        }
+      }),
     wakeups: (onWake) => database.listen(notifyChannel(database.schema, "inbox"), onWake),
   } satisfies InboxStoreShape
 })

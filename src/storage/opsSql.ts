@@ -23,7 +23,7 @@ import { classifyDbError } from "../core/dbErrors.ts"
 import type { StoreError } from "../Errors.ts"
 import type { DatabaseShape } from "../ports/Database.ts"
 import type { InboxStatus, OutboxStatus as OutboxRowStatus, TxboxDatabase } from "../ports/tables.ts"
-import { isNext } from "./partitionGate.ts"
+import { afterOf, isEarly, isNext } from "./partitionGate.ts"
 import { cursorForward } from "./sqlFragments.ts"
 
 const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
@@ -213,7 +213,7 @@ export interface WaitingKey {
   readonly partition_key: string
   /** Messages of the key not processed yet (pending or dead). */
   readonly waiting: number
-  /** The number the consumer handles next (its cursor + 1; 1 for a key it has not seen). */
+  /** The number the key waits for: the head's, or when the head waits for one not received, that one's. */
   readonly next_seq: number
   readonly head_seq: number
   readonly head_message_id: string
@@ -246,7 +246,10 @@ export const waitingKeys = (
         "i.status",
         "i.last_error",
         eb.cast<number>("i.partition_seq", "double precision").as("head_seq"),
+        eb.cast<number | null>("i.partition_after", "double precision").as("head_after"),
         eb.cast<number | null>("c.last_seq", "double precision").as("last_seq"),
+        eb.cast<number | null>("c.epoch", "double precision").as("cursor_epoch"),
+        eb.cast<number>("i.partition_epoch", "double precision").as("head_epoch"),
         eb.fn
           .countAll()
           .over((ob) => ob.partitionBy(["i.consumer", "i.partition_key"]))
@@ -268,15 +271,24 @@ export const waitingKeys = (
       .execute()
     return rows
       .map((r): WaitingKey => {
-        const next = r.last_seq === null ? 1 : r.last_seq + 1
+        const at = {
+          epoch: r.head_epoch,
+          seq: r.head_seq,
+          ...(r.head_after === null ? {} : { after: r.head_after }),
+        }
+        const cursor =
+          r.last_seq === null || r.cursor_epoch === null
+            ? undefined
+            : { epoch: r.cursor_epoch, lastSeq: r.last_seq }
+        const missing = r.status !== "dead" && isEarly(at, cursor)
         return {
           consumer: r.consumer,
           partition_key: r.partition_key ?? "",
           waiting: int(r.waiting),
-          next_seq: next,
+          next_seq: missing ? afterOf(at) : r.head_seq,
           head_seq: r.head_seq,
           head_message_id: r.message_id,
-          head: r.status === "dead" ? "dead" : r.head_seq > next ? "missing" : "pending",
+          head: r.status === "dead" ? "dead" : missing ? "missing" : "pending",
           head_last_error: r.last_error,
           oldest_age_seconds: seconds(r.oldest_age_seconds),
         }
@@ -312,6 +324,7 @@ export const skipDead = (
             "status",
             eb.cast<number | null>("partition_epoch", "double precision").as("epoch"),
             eb.cast<number | null>("partition_seq", "double precision").as("seq"),
+            eb.cast<number | null>("partition_after", "double precision").as("after"),
           ])
           .where("consumer", "=", consumer)
           .where("message_id", "=", messageId)
@@ -335,7 +348,7 @@ export const skipDead = (
           .where("partition_key", "=", row.partition_key)
           .forUpdate()
           .executeTakeFirst()
-        const at = { epoch: row.epoch, seq: row.seq }
+        const at = { epoch: row.epoch, seq: row.seq, ...(row.after === null ? {} : { after: row.after }) }
         if (!isNext(at, cursor && { epoch: cursor.epoch, lastSeq: cursor.last_seq })) {
           return {
             skipped: false,

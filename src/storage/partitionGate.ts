@@ -12,24 +12,32 @@ export interface PartitionCursor {
   readonly lastSeq: number
 }
 
-/**
- * The message is next: the one after the cursor in its epoch, or the first of
- * a newer epoch, or the first of a key the consumer has not seen.
- */
-export const isNext = (at: PartitionPosition, cursor: PartitionCursor | undefined): boolean =>
-  cursor === undefined
-    ? at.seq === 1
-    : cursor.epoch === at.epoch
-      ? at.seq === cursor.lastSeq + 1
-      : cursor.epoch < at.epoch && at.seq === 1
+/** The number `at` waits for: its `after`, or for a message that does not say, the one before it. */
+export const afterOf = (at: PartitionPosition): number => at.after ?? at.seq - 1
 
-/** The message must wait: a predecessor has not been handled (a late or passed one never waits). */
-export const isEarly = (at: PartitionPosition, cursor: PartitionCursor | undefined): boolean =>
-  cursor === undefined
-    ? at.seq !== 1
+/** The cursor in `at`'s epoch: its last number there, 0 when it has none (no cursor, or an older epoch's). */
+const handledIn = (at: PartitionPosition, cursor: PartitionCursor | undefined): number | "later epoch" =>
+  cursor === undefined || cursor.epoch < at.epoch
+    ? 0
     : cursor.epoch === at.epoch
-      ? at.seq > cursor.lastSeq + 1
-      : cursor.epoch < at.epoch && at.seq !== 1
+      ? cursor.lastSeq
+      : "later epoch"
+
+/**
+ * The message is at the head of its key for this consumer: what it waits for
+ * is handled and it is not handled itself (in its epoch; a newer epoch's
+ * cursor has passed it).
+ */
+export const isNext = (at: PartitionPosition, cursor: PartitionCursor | undefined): boolean => {
+  const handled = handledIn(at, cursor)
+  return handled !== "later epoch" && afterOf(at) <= handled && at.seq > handled
+}
+
+/** The message must wait: what it waits for is not handled yet (a late or passed one never waits). */
+export const isEarly = (at: PartitionPosition, cursor: PartitionCursor | undefined): boolean => {
+  const handled = handledIn(at, cursor)
+  return handled !== "later epoch" && afterOf(at) > handled
+}
 
 /** The cursor after handling `at`: never backwards within an epoch; a newer epoch replaces it. */
 export const advanced = (cursor: PartitionCursor | undefined, at: PartitionPosition): PartitionCursor =>
@@ -40,16 +48,14 @@ export const advanced = (cursor: PartitionCursor | undefined, at: PartitionPosit
       : cursor
 
 /**
- * Under `onOrderedDead: "skip"`: the numbers between the cursor and `at` are
- * all dead messages (`isDead` says which of the key's numbers in `at`'s epoch
- * are), so `at` may go although it is early. A missing number still holds it.
+ * Under `onOrderedDead: "skip"`: what `at` waits for is a dead message
+ * (`isDead` says which of the key's numbers in `at`'s epoch are), so `at` may
+ * go although it is early. A dead message was at its key's head when it died
+ * (the processor claimed it), so what it waited for was handled or dead in
+ * turn. A missing number still holds it.
  */
 export const onlyDeadBefore = (
   at: PartitionPosition,
-  cursor: PartitionCursor | undefined,
+  _cursor: PartitionCursor | undefined,
   isDead: (seq: number) => boolean,
-): boolean => {
-  const handled = cursor !== undefined && cursor.epoch === at.epoch ? cursor.lastSeq : 0
-  for (let seq = handled + 1; seq < at.seq; seq++) if (!isDead(seq)) return false
-  return true
-}
+): boolean => isDead(afterOf(at))

@@ -51,6 +51,7 @@ describe("migrations", () => {
     expect(result.applied.map((m) => m.version)).toEqual(migrations.map((m) => m.version))
     expect(await tablesIn("first")).toEqual([
       "inbox",
+      "inbox_bindings",
       "inbox_cursors",
       "outbox",
       "partition_counters",
@@ -72,6 +73,7 @@ describe("migrations", () => {
     expect(applied.flat().sort()).toEqual(migrations.map((m) => m.version))
     expect(await tablesIn("racing")).toEqual([
       "inbox",
+      "inbox_bindings",
       "inbox_cursors",
       "outbox",
       "partition_counters",

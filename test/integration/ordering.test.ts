@@ -462,3 +462,194 @@ describe("per-key order, end to end", () => {
     }
   }, 150_000)
 })
+
+describe("per-key order in a real deployment: consumers of some types, consumers that join late", () => {
+  // A key's other event: numbered in the same sequence as Step, routed by its own type.
+  const Other = defineEvent({
+    type: "ordering.other",
+    version: 1,
+    schema: v.object({ key: v.string(), label: v.string() }),
+  })
+  const recorder = (contract: typeof Step | typeof Other, consumer: string) =>
+    Inbox.handler(contract, ({ payload, envelope, trx }) =>
+      Effect.promise(() =>
+        sql`INSERT INTO seen (consumer, key, seq, label)
+            VALUES (${consumer}, ${payload.key}, ${envelope.position?.seq ?? null}, ${payload.label})`.execute(
+          trx,
+        ),
+      ),
+    )
+  /** An inbox handling Step, and Other too when `both`. */
+  const consumerOf = (exchange: string, consumer: string, both: boolean) =>
+    ManagedRuntime.make(
+      Inbox.layer({
+        consumer,
+        pollInterval: "200 millis",
+        handlers: [recorder(Step, consumer), ...(both ? [recorder(Other, consumer)] : [])],
+      }).pipe(
+        Layer.provide(
+          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+        ),
+      ),
+    )
+  /** One transaction per message: `pattern` says Step ("s") or Other ("o") for each, per key. */
+  const produce = async (
+    relay: ReturnType<typeof startRelay>,
+    keys: ReadonlyArray<string>,
+    pattern: string,
+    from = 1,
+  ) => {
+    for (const [i, kind] of [...pattern].entries()) {
+      for (const key of keys) {
+        await t.db
+          .transaction()
+          .execute((trx) =>
+            relay.runPromise(
+              Outbox.enqueue(
+                trx,
+                kind === "s" ? Step : Other,
+                { key, label: `${kind}${from + i}` },
+                { partitionKey: key },
+              ),
+            ),
+          )
+      }
+    }
+  }
+  const labelsOf = async (consumer: string, key: string) => (await seenByKey(consumer)).get(key)?.labels ?? []
+
+  test("a consumer of some of a key's types goes on through the numbers of the others, in commit order", async () => {
+    const exchange = uniqueName("ordering-subset")
+    const some = uniqueName("ordering-subset-some")
+    const all = uniqueName("ordering-subset-all")
+    const inboxes = [consumerOf(exchange, some, false), consumerOf(exchange, all, true)]
+    const relay = startRelay(exchange)
+    try {
+      await Promise.all(inboxes.map((i) => i.runPromise(Effect.void)))
+      await relay.runPromise(Effect.void)
+      const keys = Array.from({ length: 5 }, (_, i) => `${some}-k${i}`)
+      // Step, Other, Other, Step, Other, Step: Step holds numbers 1, 4, 6 of each key.
+      await produce(relay, keys, "soosos")
+      await eventually(
+        "both consumers done",
+        async () => {
+          for (const key of keys) {
+            if ((await labelsOf(some, key)).length < 3 || (await labelsOf(all, key)).length < 6) return false
+          }
+          return true
+        },
+        60_000,
+      )
+      for (const key of keys) {
+        expect(await labelsOf(some, key)).toEqual(["s1", "s4", "s6"])
+        expect(await labelsOf(all, key)).toEqual(["s1", "o2", "o3", "s4", "o5", "s6"])
+      }
+    } finally {
+      await relay.dispose()
+      for (const i of inboxes) await i.dispose()
+    }
+  }, 120_000)
+
+  test("a consumer deployed after its keys had messages starts at the first it receives", async () => {
+    const exchange = uniqueName("ordering-late")
+    const early = uniqueName("ordering-late-early")
+    const late = uniqueName("ordering-late-late")
+    const first = consumerOf(exchange, early, true)
+    const relay = startRelay(exchange)
+    let second: ReturnType<typeof consumerOf> | undefined
+    try {
+      await first.runPromise(Effect.void)
+      await relay.runPromise(Effect.void)
+      const keys = Array.from({ length: 5 }, (_, i) => `${late}-k${i}`)
+      await produce(relay, keys, "sos")
+      await eventually(
+        "the early consumer has the history",
+        async () => {
+          for (const key of keys) if ((await labelsOf(early, key)).length < 3) return false
+          return true
+        },
+        60_000,
+      )
+      // Deployed now: numbers 1-3 of every key went out before its queue existed.
+      second = consumerOf(exchange, late, false)
+      await second.runPromise(Effect.void)
+      await produce(relay, keys, "ss", 4)
+      await eventually(
+        "the late consumer handles what it receives",
+        async () => {
+          for (const key of keys) if ((await labelsOf(late, key)).length < 2) return false
+          return true
+        },
+        60_000,
+      )
+      for (const key of keys) expect(await labelsOf(late, key)).toEqual(["s4", "s5"])
+    } finally {
+      await relay.dispose()
+      await first.dispose()
+      await second?.dispose()
+    }
+  }, 120_000)
+
+  test("a predecessor enqueued after the binding is waited for, one enqueued before it is not", async () => {
+    const exchange = uniqueName("ordering-late-pred")
+    const consumer = uniqueName("ordering-late-pred")
+    const inbox = consumerOf(exchange, consumer, false)
+    const publisher = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
+    try {
+      await inbox.runPromise(Effect.void)
+      let bound = 0
+      await eventually("the binding recorded", async () => {
+        const r = await sql<{ ms: number }>`
+          SELECT (extract(epoch FROM bound_at) * 1000)::double precision AS ms
+          FROM txbox.inbox_bindings WHERE consumer = ${consumer}`.execute(t.db)
+        bound = Math.round(Number(r.rows[0]?.ms ?? 0))
+        return bound > 0
+      })
+      const epoch = Date.now()
+      const message = (
+        key: string,
+        seq: number,
+        routes: Record<string, [number, number]>,
+      ): OutgoingMessage => ({
+        id: uuidv7(),
+        type: Step.type,
+        version: 1,
+        routingKey: Step.type,
+        body: JSON.stringify({ key, label: `s${seq}` }),
+        headers: { "txbox-partition-routes": JSON.stringify(routes) },
+        occurredAt: new Date(),
+        partitionKey: key,
+        position: { epoch, seq },
+        tenantId: null,
+      })
+      const waits = `${consumer}-waits`
+      const starts = `${consumer}-starts`
+      const publish = (messages: ReadonlyArray<OutgoingMessage>) =>
+        publisher.runPromise(
+          Effect.gen(function* () {
+            const transport = yield* Transport
+            const outcomes = yield* transport.publish(messages)
+            expect(outcomes.every((o) => o._tag === "Confirmed")).toBe(true)
+          }),
+        )
+      // `waits` #3's predecessor on its route, #2, was enqueued after the binding: not here yet.
+      // `starts` #3's, #2, was enqueued before it: it never reached this queue.
+      await publish([
+        message(waits, 3, { [Step.type]: [2, bound + 5_000] }),
+        message(starts, 3, { [Step.type]: [2, bound - 60_000] }),
+      ])
+      await eventually("starts handled", async () => (await labelsOf(consumer, starts)).length === 1, 30_000)
+      // Time for a wrong early run of `waits` #3 (the processor polls every 200 ms).
+      await new Promise((resolve) => setTimeout(resolve, 1_000))
+      expect(await labelsOf(consumer, waits)).toEqual([])
+      // #2 arrives (its own predecessor, #1, went out before the binding): both run, in order.
+      await publish([message(waits, 2, { [Step.type]: [1, bound - 60_000] })])
+      await eventually("waits handled", async () => (await labelsOf(consumer, waits)).length === 2, 30_000)
+      expect(await labelsOf(consumer, waits)).toEqual(["s2", "s3"])
+      expect(await labelsOf(consumer, starts)).toEqual(["s3"])
+    } finally {
+      await publisher.dispose()
+      await inbox.dispose()
+    }
+  }, 120_000)
+})

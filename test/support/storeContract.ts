@@ -733,6 +733,23 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       expect(rows.map((r) => [r.key, r.duplicateOf ?? null])).toEqual([["p", null]])
     })
 
+    test("a row waits for what its `after` names, not for the number before it", async () => {
+      const after = (key: string, partitionKey: string, seq: number, waitsFor: number) =>
+        inboxRow(key, consumer, { partitionKey, position: { epoch: EPOCH, seq, after: waitsFor } })
+      // A consumer of some types: its numbers 2 and 5; 5 waits for 2, 2 for nothing it receives.
+      await store((s) => s.insertPending([after("a5", "A", 5, 2), after("a2", "A", 2, 0)]))
+      await processNext(["a2"])
+      await processNext(["a5"])
+      // A key that has a cursor: 9 waits for 7, which is not handled yet.
+      await store((s) => s.insertPending([after("a9", "A", 9, 7)]))
+      expect(await claimKeys()).toMatchObject({ keys: [] })
+      await store((s) => s.insertPending([after("a7", "A", 7, 5)]))
+      await processNext(["a7"])
+      await processNext(["a9"])
+      const { rows } = await claim(10)
+      expect(rows).toEqual([])
+    })
+
     test("a missing predecessor is waited for, never guessed past", async () => {
       await store((s) => s.insertPending([ordered("a2", "A", 2), ordered("a3", "A", 3)]))
       expect(await claimKeys()).toMatchObject({ keys: [] })
