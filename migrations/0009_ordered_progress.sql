@@ -14,9 +14,9 @@ ALTER TABLE inbox ADD COLUMN partition_after bigint;
 -- An ordered delivery that duplicates a row already stored (its handler's
 -- dedupeKey is taken: the same business event sent twice) keeps its place in
 -- its key's sequence. It is stored under a key of its own with the dedupe key
--- it repeats in duplicate_of; when its turn comes the processor marks it
+-- it repeats in stands_in_for; when its turn comes the processor marks it
 -- processed without running the handler, and the key moves on.
-ALTER TABLE inbox ADD COLUMN duplicate_of text;
+ALTER TABLE inbox ADD COLUMN stands_in_for text;
 
 -- When each consumer's queue was first bound to each routing pattern, on this
 -- database's clock. A predecessor enqueued before the binding existed never

@@ -8,7 +8,7 @@ import type { Registry } from "../Contract.ts"
 import type { InboxRow } from "../ports/InboxStore.ts"
 import type { Delivery, PartitionPosition } from "../ports/Transport.ts"
 import { describe, type Envelope, type Handler } from "./handler.ts"
-import { positionFromHeaders } from "./position.ts"
+import { DEAD_UPSTREAM_HEADER, positionFromHeaders } from "./position.ts"
 import { storableBody, storableRow } from "./storable.ts"
 
 export type Decoded =
@@ -101,6 +101,34 @@ export const decodeDelivery = (
       row: storableRow({ ...base, key: dedupeKey, payload: delivery.body, raw: null, lastError: null }),
     }
   })
+
+/**
+ * The row a tombstone is stored as (a keyed message its producer's relay gave
+ * up on, `DEAD_UPSTREAM_HEADER`): a stand-in for itself, which the processor
+ * marks processed in its turn without a handler, so its key goes on.
+ * Undefined for anything else (an unkeyed message with the header is
+ * decoded as usual).
+ */
+export const tombstoneOf = (consumer: string, delivery: Delivery): InboxRow | undefined => {
+  const reason = delivery.headers[DEAD_UPSTREAM_HEADER]
+  const position = positionOfDelivery(delivery)
+  if (reason === undefined || position === undefined || delivery.messageId === undefined) return undefined
+  return storableRow({
+    key: delivery.messageId,
+    consumer,
+    type: delivery.type ?? null,
+    version: delivery.version ?? null,
+    payload: null,
+    raw: null,
+    headers: delivery.headers,
+    partitionKey: delivery.partitionKey ?? null,
+    position,
+    tenantId: delivery.tenantId ?? null,
+    attempts: 0,
+    lastError: `dead upstream: ${reason}`,
+    standsInFor: delivery.messageId,
+  })
+}
 
 /**
  * The delivery's place in its key's sequence: only with a partition key (a

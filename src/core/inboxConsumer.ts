@@ -23,7 +23,13 @@ import type { Delivery, DeliveryDecision, MessagingIdentity } from "../ports/Tra
 import type { RetryPolicy } from "../Retry.ts"
 import { makeBatcher } from "./batcher.ts"
 import { bounded } from "./bounded.ts"
-import { type Decoded, decodeDelivery, type HandlerIndex, positionOfDelivery } from "./decodeDelivery.ts"
+import {
+  type Decoded,
+  decodeDelivery,
+  type HandlerIndex,
+  positionOfDelivery,
+  tombstoneOf,
+} from "./decodeDelivery.ts"
 import { HandlerFailed, runHandler } from "./handler.ts"
 import { parseKeyRoutes, type RouteBinding, withAfter } from "./keyRoutes.ts"
 import { PARTITION_ROUTES_HEADER } from "./position.ts"
@@ -271,8 +277,13 @@ export const makeConsumer = (p: InboxParts) => {
   const storeThenProcess = (delivery: Delivery): Effect.Effect<DeliveryDecision> =>
     Effect.gen(function* () {
       if (delivery.deadLettered !== undefined) return yield* deadLettered(delivery, delivery.deadLettered)
+      // A tombstone (the producer's relay gave up on this keyed message) only holds its place.
+      const tombstone = tombstoneOf(p.consumer, delivery)
       // Stored with no tries made: the processor's first run is attempt 1.
-      const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, 0)
+      const decoded =
+        tombstone === undefined
+          ? yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, 0)
+          : ({ _tag: "Bad", row: tombstone } as const)
       const at = decoded.row.position
       // An ordered message that can never be handled is stored all the same and goes dead when its
       // turn comes: dead before its turn, under onOrderedDead "skip" it would let its successors

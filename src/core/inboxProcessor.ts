@@ -116,7 +116,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
     const ready: Ready[] = []
     for (const row of rows) {
       // A stand-in only holds its key's place: nothing to decode, no handler to run.
-      if (row.duplicateOf != null) {
+      if (row.standsInFor != null) {
         ready.push({ row, decoded: undefined })
         continue
       }

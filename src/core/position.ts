@@ -6,6 +6,12 @@ import type { PartitionPosition } from "../ports/Transport.ts"
 
 export const PARTITION_EPOCH_HEADER = "txbox-partition-epoch"
 export const PARTITION_SEQ_HEADER = "txbox-partition-seq"
+/**
+ * On a tombstone: the relay gave up on this keyed message (the header says
+ * why), and publishes this body-less stand-in in its place so that consumers
+ * waiting for its number go on (docs/ordering.md).
+ */
+export const DEAD_UPSTREAM_HEADER = "txbox-dead-upstream"
 /** The last message before this one on each route of its key (`keyRoutes.ts`), as JSON. */
 export const PARTITION_ROUTES_HEADER = "txbox-partition-routes"
 

@@ -14,7 +14,9 @@ import type { OutgoingMessage, PublishOutcome, TransportShape } from "../ports/T
 import { type RetryPolicy, schedule } from "../Retry.ts"
 import { bounded } from "./bounded.ts"
 import { holdingLease } from "./heartbeat.ts"
+import { DEAD_UPSTREAM_HEADER } from "./position.ts"
 import { spanned } from "./trace.ts"
+import { uuidv7 } from "./uuid.ts"
 import { publishFailure, verdictFor } from "./verdict.ts"
 
 export interface RelaySettings {
@@ -54,6 +56,18 @@ const toOutgoing = (m: OutboxMessage): OutgoingMessage => ({
   partitionKey: m.partitionKey,
   position: m.position ?? null,
   tenantId: m.tenantId,
+})
+
+/**
+ * The stand-in a dead keyed message leaves: its route and place, no body, and
+ * why it died. An id of its own, so the dead message redriven later is still
+ * handled (late) by consumers the tombstone let go on.
+ */
+const tombstoneOf = (row: OutboxMessage, error: string): OutgoingMessage => ({
+  ...toOutgoing(row),
+  id: uuidv7(),
+  body: "null",
+  headers: { ...row.headers, [DEAD_UPSTREAM_HEADER]: error.slice(0, 500) },
 })
 
 const deadOutbox = Metric.withAttributes(Metrics.dead, { side: "outbox" })
@@ -98,6 +112,32 @@ export const relayCycle = (
         spanned("Relay.mark"),
       )
 
+  // A keyed message given up on leaves a number its key's consumers wait for: publish a body-less
+  // tombstone in its place before recording it dead. One that is not confirmed either is logged;
+  // the key then waits for the dead row's redrive (docs/ordering.md).
+  const tombstones = (rows: ReadonlyArray<OutboxMessage>, marks: ReadonlyArray<OutboxMark>) => {
+    const dead = rows.flatMap((row, i) => {
+      const verdict = marks[i]!.verdict
+      return verdict._tag === "Dead" && row.position != null && row.partitionKey !== null
+        ? [tombstoneOf(row, verdict.error)]
+        : []
+    })
+    if (dead.length === 0) return Effect.void
+    return transport.publish(dead).pipe(
+      Effect.map(
+        (outcomes) => outcomes.filter((o) => o._tag !== "Confirmed" && o._tag !== "Returned").length,
+      ),
+      Effect.catch(() => Effect.succeed(dead.length)),
+      Effect.flatMap((lost) =>
+        lost === 0
+          ? Effect.void
+          : Effect.logWarning(
+              `relay: ${lost} tombstone(s) of dead keyed messages not confirmed; their keys wait for a redrive`,
+            ),
+      ),
+    )
+  }
+
   return Effect.gen(function* () {
     // While the broker is away, leave the rows alone: claiming and marking
     // them would cost two writes per row per cycle and change nothing.
@@ -122,6 +162,7 @@ export const relayCycle = (
         verdict: verdictFor(row.attempts, publishFailure(outcomes[i]!), s.retry),
       }),
     )
+    yield* tombstones(rows, marks)
     const updated = yield* Metrics.timed(Metrics.markDuration, mark(token, marks))
     let sent = 0
     let dead = 0

@@ -3,7 +3,7 @@
  * into the row already stored, but the resend has a number of its own in its
  * key's sequence: dropped, it would leave a gap that the key's next message
  * waits on forever. So an ordered row whose key is taken at another position
- * is stored as a stand-in: its own key, the key it repeats in `duplicateOf`.
+ * is stored as a stand-in: its own key, the key it repeats in `standsInFor`.
  * The processor marks a stand-in processed without running the handler, and
  * the key moves on. Both stores apply this rule in `insertPending`.
  */
@@ -26,8 +26,8 @@ export const standInsFor = (rows: ReadonlyArray<InboxRow>, inserted: ReadonlySet
   for (const row of rows) {
     const first = !seen.has(row.key)
     seen.add(row.key)
-    if ((first && inserted.has(row.key)) || row.position == null || row.duplicateOf != null) continue
-    standIns.push({ ...row, key: standInKey(row.key, row.position), duplicateOf: row.key })
+    if ((first && inserted.has(row.key)) || row.position == null || row.standsInFor != null) continue
+    standIns.push({ ...row, key: standInKey(row.key, row.position), standsInFor: row.key })
   }
   return standIns
 }

@@ -40,7 +40,7 @@ export interface InboxRow {
    * `insertPending`): the dedupe key it repeats. Its handler never runs; it
    * only holds the duplicate's place in its key's sequence.
    */
-  readonly duplicateOf?: string | null
+  readonly standsInFor?: string | null
 }
 
 /** The transaction a handler runs in, with the inbox writes that must commit with it. */
@@ -103,7 +103,7 @@ export interface InboxStoreShape {
    * how many were new. An ordered row whose key is already there at another
    * position (a resend under the handler's `dedupeKey`) still takes its place
    * in its key's sequence: it is stored as a stand-in under the key
-   * `<key>@<epoch>.<seq>` with `duplicateOf` set, so that its key moves on
+   * `<key>@<epoch>.<seq>` with `standsInFor` set, so that its key moves on
    * past it. A redelivery of the same position stores nothing.
    */
   readonly insertPending: (rows: ReadonlyArray<InboxRow>) => Effect.Effect<number, StoreError>

@@ -51,7 +51,7 @@ export interface InboxTable {
   processed_at: Date | null
   last_error: string | null
   /** An ordered duplicate's stand-in (migration 0009): the dedupe key of the row it repeats. */
-  duplicate_of: ColumnType<string | null, string | null | undefined, string | null>
+  stands_in_for: ColumnType<string | null, string | null | undefined, string | null>
 }
 
 /** One row per partition key: the last number handed out, and the epoch it counts in. */

@@ -92,7 +92,7 @@ const toInboxRow = (row: Row): InboxRow => ({
   tenantId: row.tenantId,
   attempts: row.attempts,
   lastError: row.lastError,
-  duplicateOf: row.duplicateOf ?? null,
+  standsInFor: row.standsInFor ?? null,
 })
 
 /** The claim's per-key gate: an ordered row waits until it is next (or, under "skip", until only dead rows are before it). */
@@ -181,7 +181,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
       tenantId: row.tenantId,
       attempts: row.attempts,
       lastError: row.lastError,
-      duplicateOf: row.duplicateOf ?? null,
+      standsInFor: row.standsInFor ?? null,
       status,
       visibleAt: now,
       lockToken: null,
@@ -207,7 +207,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
         if (status !== "pending") return inserted
         for (const r of standInsFor(rows, keys)) {
           const k = rowKey(r.consumer, r.key)
-          const repeated = table.get(rowKey(r.consumer, r.duplicateOf!))
+          const repeated = table.get(rowKey(r.consumer, r.standsInFor!))
           const samePlace =
             repeated?.position != null &&
             r.position != null &&

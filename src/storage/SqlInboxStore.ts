@@ -45,7 +45,7 @@ export interface StoredRow {
   readonly tenant_id: string | null
   readonly attempts: number
   readonly last_error: string | null
-  readonly duplicate_of?: string | null
+  readonly stands_in_for?: string | null
 }
 
 /** One failure as it travels in `mark`'s JSON parameter. */
@@ -72,7 +72,7 @@ const toStored = (row: InboxRow): StoredRow => ({
   tenant_id: row.tenantId,
   attempts: row.attempts,
   last_error: row.lastError,
-  duplicate_of: row.duplicateOf ?? null,
+  stands_in_for: row.standsInFor ?? null,
 })
 
 const toRow = (row: StoredRow): InboxRow => ({
@@ -93,7 +93,7 @@ const toRow = (row: StoredRow): InboxRow => ({
   tenantId: row.tenant_id,
   attempts: row.attempts,
   lastError: row.last_error,
-  duplicateOf: row.duplicate_of ?? null,
+  standsInFor: row.stands_in_for ?? null,
 })
 
 // Each statement as a function of its parameters, compiled once per store by `statements`.
@@ -160,7 +160,7 @@ export const insertRowsQuery = (
   // The rows travel as one JSON text parameter (every driver binds a string
   // the same way). Kysely cannot say a function's column definition list.
   const records = sql<StoredRow>`jsonb_to_recordset(${rows}::text::jsonb)`.as<"r">(
-    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, partition_epoch bigint, partition_seq bigint, partition_after bigint, tenant_id text, attempts int, last_error text, duplicate_of text)`,
+    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, partition_epoch bigint, partition_seq bigint, partition_after bigint, tenant_id text, attempts int, last_error text, stands_in_for text)`,
   )
   return (
     db
@@ -182,7 +182,7 @@ export const insertRowsQuery = (
         "status",
         "last_error",
         "processed_at",
-        "duplicate_of",
+        "stands_in_for",
       ])
       // Positional, as INSERT … SELECT is: the same order as the columns above.
       .expression((eb) =>
@@ -205,7 +205,7 @@ export const insertRowsQuery = (
             sql.lit(status).as("status"),
             "r.last_error",
             (status === "processed" ? now : sql<Date | null>`NULL::timestamptz`).as("processed_at"),
-            "r.duplicate_of",
+            "r.stands_in_for",
           ])
           .$if(standIns, (qb) =>
             qb.where(({ not, exists, selectFrom }) =>
@@ -214,7 +214,7 @@ export const insertRowsQuery = (
                   selectFrom("inbox as i")
                     .select("i.message_id")
                     .whereRef("i.consumer", "=", "r.consumer")
-                    .whereRef("i.message_id", "=", "r.duplicate_of")
+                    .whereRef("i.message_id", "=", "r.stands_in_for")
                     .whereRef("i.partition_epoch", "=", "r.partition_epoch")
                     .whereRef("i.partition_seq", "=", "r.partition_seq"),
                 ),
@@ -321,7 +321,7 @@ export const claimQuery = (
       "i.tenant_id",
       "i.attempts",
       "i.last_error",
-      "i.duplicate_of",
+      "i.stands_in_for",
     ])
     .compile()
 

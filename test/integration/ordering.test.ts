@@ -653,3 +653,49 @@ describe("per-key order in a real deployment: consumers of some types, consumers
     }
   }, 120_000)
 })
+
+describe("per-key order past a message the producer's relay gave up on", () => {
+  test("a keyed message dead in the outbox leaves a tombstone, and its key's consumers go on", async () => {
+    const exchange = uniqueName("ordering-tombstone")
+    const consumer = uniqueName("ordering-tombstone")
+    const inbox = startInbox(exchange, consumer)
+    // Bodies over 2 kB are refused unsent: a permanent failure, so the row is dead at once.
+    const relay = ManagedRuntime.make(
+      Relay.layer({ pollInterval: "100 millis" }).pipe(
+        Layer.provide(
+          Layer.mergeAll(
+            storeLayer(t.url),
+            Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange, maxMessageSize: 2_048 })),
+          ),
+        ),
+      ),
+    )
+    try {
+      await inbox.runPromise(Effect.void)
+      await relay.runPromise(Effect.void)
+      const key = `${consumer}-K`
+      for (const label of ["s1", `s2${"x".repeat(4_000)}`, "s3"]) {
+        await t.db
+          .transaction()
+          .execute((trx) =>
+            relay.runPromise(Outbox.enqueue(trx, Step, { key, label }, { partitionKey: key })),
+          )
+      }
+      const labels = async () =>
+        ((await seenByKey(consumer)).get(key)?.labels ?? []).map((l) => l.slice(0, 2))
+      await eventually("s1 and s3 handled", async () => (await labels()).length === 2, 30_000)
+      expect(await labels()).toEqual(["s1", "s3"])
+      const dead = await sql<{ id: string }>`
+        SELECT id FROM txbox.outbox WHERE status = 'dead' AND partition_key = ${key}`.execute(t.db)
+      expect(dead.rows).toHaveLength(1)
+      // The tombstone is the consumer's processed stand-in, with the reason.
+      const standIn = await sql<{ last_error: string }>`
+        SELECT last_error FROM txbox.inbox
+        WHERE consumer = ${consumer} AND partition_key = ${key} AND stands_in_for IS NOT NULL`.execute(t.db)
+      expect(standIn.rows[0]?.last_error).toStartWith("dead upstream:")
+    } finally {
+      await relay.dispose()
+      await inbox.dispose()
+    }
+  }, 120_000)
+})

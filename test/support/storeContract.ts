@@ -722,7 +722,7 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       await processNext(["a1"])
       await processNext(["p"])
       const { rows } = await claim(10)
-      expect(rows.map((r) => [r.key, r.duplicateOf, r.position?.seq])).toEqual([
+      expect(rows.map((r) => [r.key, r.standsInFor, r.position?.seq])).toEqual([
         ["p@1795000000000.3", "p", 3],
       ])
     })
@@ -730,7 +730,7 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
     test("a key given twice in one insert at two places keeps both places", async () => {
       expect(await store((s) => s.insertPending([ordered("p", "A", 1), ordered("p", "A", 2)]))).toBe(2)
       const { rows } = await claim(10)
-      expect(rows.map((r) => [r.key, r.duplicateOf ?? null])).toEqual([["p", null]])
+      expect(rows.map((r) => [r.key, r.standsInFor ?? null])).toEqual([["p", null]])
     })
 
     test("a row waits for what its `after` names, not for the number before it", async () => {
