@@ -26,6 +26,7 @@ const SCRIPTS = [
   "memory",
   "scaleout",
   "ordered",
+  "blocked",
   "e2e",
   "cost",
   "builder",

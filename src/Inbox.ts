@@ -15,7 +15,7 @@
  * `core/inboxConsumer.ts`, stored rows by `core/inboxProcessor.ts` in the
  * loop of `core/leaseLoop.ts`, retries decided by `core/verdict.ts`.
  */
-import { type Duration, Effect, Layer, type Scope } from "effect"
+import { type Duration, Effect, Layer, Schedule, type Scope } from "effect"
 import { type AnyContract, makeRegistry } from "./Contract.ts"
 import * as config from "./core/config.ts"
 import { indexHandlers } from "./core/decodeDelivery.ts"
@@ -26,7 +26,7 @@ import type { RouteBinding } from "./core/keyRoutes.ts"
 import { isLive, makeLoopState, runLeaseLoop } from "./core/leaseLoop.ts"
 import { makeSignal } from "./core/signal.ts"
 import { subscribe } from "./core/subscription.ts"
-import type { ConfigError } from "./Errors.ts"
+import { type ConfigError, StoreError } from "./Errors.ts"
 import { InboxStore, type OrderedDeadPolicy } from "./ports/InboxStore.ts"
 import { type Delivery, Transport } from "./ports/Transport.ts"
 import { makeRetryPolicy, type RetryPolicy } from "./Retry.ts"
@@ -163,6 +163,9 @@ export const resolveConfig = (c: InboxConfig): Effect.Effect<ResolvedInboxConfig
     }
   })
 
+/** How often rows parked behind a predecessor are looked at again beyond the marks that wake them. */
+const UNPARK_EVERY = "5 seconds"
+
 /** Starts the inbox in the current scope: its subscription and its processor. */
 export const make = (
   inboxConfig: InboxConfig,
@@ -178,9 +181,19 @@ export const make = (
     const bindings = Effect.suspend(() =>
       bound !== undefined
         ? Effect.succeed(bound)
-        : Effect.map(store.bindings(c.consumer, registry.types), (b) => {
-            if (b.length === registry.types.length) bound = b
-            return b
+        : Effect.flatMap(store.bindings(c.consumer, registry.types), (b) => {
+            // A binding missing would make its route's predecessors "not for me": never guess.
+            if (b.length !== registry.types.length) {
+              return Effect.fail(
+                new StoreError({
+                  reason: "serialization",
+                  operation: "InboxStore.bindings",
+                  cause: `${b.length} of ${registry.types.length} bindings recorded; asking again`,
+                }),
+              )
+            }
+            bound = b
+            return Effect.succeed(b)
           }),
     )
     const parts = {
@@ -221,6 +234,15 @@ export const make = (
           Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),
         ),
       )
+    // The safety net for ordered rows set aside to wait (`InboxStore.unpark`): what it brings back
+    // is claimed at once.
+    yield* Effect.forkScoped(
+      store.unpark(c.consumer, c.onOrderedDead).pipe(
+        Effect.flatMap((n) => (n > 0 ? Effect.sync(wake.notify) : Effect.void)),
+        Effect.ignore,
+        Effect.repeat(Schedule.spaced(UNPARK_EVERY)),
+      ),
+    )
     const state = makeLoopState()
     yield* Effect.forkScoped(
       runLeaseLoop({

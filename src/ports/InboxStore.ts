@@ -120,6 +120,13 @@ export interface InboxStoreShape {
     leaseMs: number,
     onDead?: OrderedDeadPolicy,
   ) => Effect.Effect<Claim<InboxRow>, StoreError>
+  /**
+   * Brings back ordered rows a claim set aside to wait for a predecessor
+   * (off the front of the due rows) that may go now; how many. The mark that
+   * handles a predecessor brings its successors back itself: this is the
+   * safety net for the rest (run every few seconds).
+   */
+  readonly unpark: (consumer: string, onDead?: OrderedDeadPolicy) => Effect.Effect<number, StoreError>
   /** Keeps the rows of `consumer` that `token` still holds for another `leaseMs` (while their handlers run). */
   readonly extend: (consumer: string, token: string, leaseMs: number) => Effect.Effect<number, StoreError>
   /** Records the failures of a claim in one write: retry later or dead. Returns how many rows changed. */

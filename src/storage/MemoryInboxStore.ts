@@ -399,7 +399,18 @@ export const make = (): Effect.Effect<MemoryInbox> =>
       )
 
     return {
-      store: { transaction, insertPending, insertDead, claim, extend, mark, bindings, wakeups },
+      // Nothing is parked here: the memory store's claim reads every row anyway.
+      store: {
+        transaction,
+        insertPending,
+        insertDead,
+        claim,
+        extend,
+        mark,
+        bindings,
+        unpark: () => Effect.succeed(0),
+        wakeups,
+      },
       rows: (consumer?: string) =>
         [...table.values()].filter((r) => consumer === undefined || r.consumer === consumer).map(snapshot),
       setDown: (value: boolean) => {

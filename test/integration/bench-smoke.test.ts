@@ -58,6 +58,7 @@ describe("bench scripts --quick", () => {
     "memory",
     "scaleout",
     "ordered",
+    "blocked",
     "e2e",
     "cost",
     "profile",

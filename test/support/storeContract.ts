@@ -796,9 +796,11 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       const first = await claimSkipping()
       expect(first.keys).toEqual(["a1"])
       expect(await mark(first.token, "a1", dead("poison"))).toBe(1)
-      // "block" (the default) still holds the key behind the dead row ...
+      // "block" (the default) still holds the key behind the dead row (and may set a2 aside) ...
       expect(await claimKeys()).toMatchObject({ keys: [] })
-      // ... "skip" passes it: a2 runs, then a3; a5 waits for the missing a4.
+      // ... "skip" passes it, once what was set aside is looked at again (the inbox does every few
+      // seconds): a2 runs, then a3; a5 waits for the missing a4.
+      await store((s) => s.unpark(consumer, "skip"))
       const second = await claimSkipping()
       expect(second.keys).toEqual(["a2"])
       expect(await markProcessed("a2", second.token, 1)).toBe(true)
@@ -808,8 +810,25 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       expect(await claimSkipping()).toMatchObject({ keys: [] })
       // A dead row stored ahead of its turn (undecodable on arrival) is passed as well.
       await store((s) => s.insertDead([ordered("a4", "A", 4)]))
+      await store((s) => s.unpark(consumer, "skip"))
       expect(await claimSkipping()).toMatchObject({ keys: ["a5"] })
       expect((await row("a1")).status).toBe("dead")
+    })
+
+    test("rows set aside behind a missing predecessor come back when it is handled, and by unpark", async () => {
+      await store((s) => s.insertPending([ordered("a2", "A", 2), ordered("a3", "A", 3), inboxRow("u")]))
+      // Both wait for a1; the claim takes only what may go (and may set the rest aside).
+      expect((await claimKeys()).keys).toEqual(["u"])
+      await store((s) => s.insertPending([ordered("a1", "A", 1)]))
+      await processNext(["a1"])
+      // The mark of a1 brought a2 back: due now, not at the next unpark.
+      await processNext(["a2"])
+      await processNext(["a3"])
+      // unpark finds nothing that may go, and leaves what waits where it is.
+      await store((s) => s.insertPending([ordered("a5", "A", 5)]))
+      expect((await claimKeys()).keys).toEqual([])
+      expect(await store((s) => s.unpark(consumer))).toBe(0)
+      expect((await claimKeys()).keys).toEqual([])
     })
 
     test("a newer epoch starts at 1; its later numbers wait for it", async () => {

@@ -114,6 +114,7 @@ describe("SQL stores", () => {
         () => inbox.release({ consumer: "c", token }),
         SqlInboxStore.releaseQuery(db, { consumer: "c", token }),
       ],
+      [() => inbox.unpark({ consumer: "c" }), SqlInboxStore.unparkQuery(db, { consumer: "c" })],
       [
         () => inbox.markProcessed({ consumer: "c", key: "k", token, attempts: 3 }),
         SqlInboxStore.markProcessedQuery(db, { consumer: "c", key: "k", token, attempts: 3 }),
