@@ -1,10 +1,14 @@
 -- txbox 0009: per-key order that never stops a key for good (issue #22).
 --
--- Routes. A key's counter remembers, per routing key, its last two messages
--- (number and enqueue time): each message carries, per route, the last message
--- before it, so a consumer waits only for predecessors on the routes it is
--- bound to ("not for me" is told apart from "not here yet").
-ALTER TABLE partition_counters ADD COLUMN routes jsonb NOT NULL DEFAULT '{}';
+-- Routes. A key's counter remembers, per routing key, its last message
+-- (number and enqueue time) — and, written by the same UPDATE, what it held
+-- before, which the enqueue reads back under the row lock: each message
+-- carries, per route, the last message before it, so a consumer waits only
+-- for predecessors on the routes it is bound to ("not for me" is told apart
+-- from "not here yet").
+ALTER TABLE partition_counters
+  ADD COLUMN routes        jsonb NOT NULL DEFAULT '{}',
+  ADD COLUMN routes_before jsonb NOT NULL DEFAULT '{}';
 
 -- What an ordered inbox row waits for: the number of its key's last message
 -- before it that this consumer receives (0: none). NULL for rows stored before

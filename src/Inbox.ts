@@ -163,7 +163,7 @@ export const resolveConfig = (c: InboxConfig): Effect.Effect<ResolvedInboxConfig
     }
   })
 
-/** How often rows parked behind a predecessor are looked at again beyond the marks that wake them. */
+/** How often ordered rows that wait are set aside or brought back, beyond the marks that wake them. */
 const UNPARK_EVERY = "5 seconds"
 
 /** Starts the inbox in the current scope: its subscription and its processor. */
@@ -234,10 +234,10 @@ export const make = (
           Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),
         ),
       )
-    // The safety net for ordered rows set aside to wait (`InboxStore.unpark`): what it brings back
-    // is claimed at once.
+    // Ordered rows long blocked leave the front of the due rows, and what may go comes back
+    // (`InboxStore.sweep`): what it brings back is claimed at once.
     yield* Effect.forkScoped(
-      store.unpark(c.consumer, c.onOrderedDead).pipe(
+      store.sweep(c.consumer, { onDead: c.onOrderedDead }).pipe(
         Effect.flatMap((n) => (n > 0 ? Effect.sync(wake.notify) : Effect.void)),
         Effect.ignore,
         Effect.repeat(Schedule.spaced(UNPARK_EVERY)),

@@ -8,7 +8,7 @@ import { type AnyContract, encodeSync, type InputOf } from "./Contract.ts"
 import { classifyDbError } from "./core/dbErrors.ts"
 import { insertOutbox } from "./core/enqueueStatement.ts"
 import { validateSchemaName } from "./core/identifier.ts"
-import { formatKeyRoutes, type KeyRoutes, routesBefore, withHeader } from "./core/keyRoutes.ts"
+import { formatKeyRoutes, type KeyRoutes, withHeader } from "./core/keyRoutes.ts"
 import { PARTITION_ROUTES_HEADER } from "./core/position.ts"
 import * as trace from "./core/trace.ts"
 import { isUuid, uuidv7 } from "./core/uuid.ts"
@@ -120,78 +120,101 @@ interface Numbered extends PartitionPosition {
 }
 
 /**
- * Numbers one message of each key in `rows` (keys distinct) from its counter
- * row, in the caller's transaction. The row lock makes a concurrent
+ * Takes the next numbers of each partition key in `rows` from its counter
+ * row, in the caller's transaction: the row lock makes a concurrent
  * transaction for the same key wait for this one to commit, so numbers follow
- * commit order. The counter also keeps, per routing key, its last two
- * messages (number and enqueue time), from which each message learns the
- * last message before it on every route of its key.
- */
-const numberOnce = async (
-  db: Kysely<TxboxDatabase>,
-  rows: ReadonlyArray<{ readonly key: string; readonly route: string }>,
-): Promise<Map<string, Numbered>> => {
-  const counters = await db
-    .insertInto("partition_counters")
-    .values(
-      rows.map(({ key, route }) => ({
-        partition_key: key,
-        seq: 1,
-        routes: sql<string>`jsonb_build_object(${route}::text, jsonb_build_array(1, ${NOW_MS}, 0, 0))`,
-      })),
-    )
-    .onConflict((oc) =>
-      oc.column("partition_key").doUpdateSet((eb) => ({
-        seq: eb("partition_counters.seq", "+", 1),
-        updated_at: sql<Date>`now()`,
-        // The inserted row's one route, now numbered after the counter's last message.
-        routes: sql<string>`partition_counters.routes || (
-          SELECT jsonb_object_agg(r, jsonb_build_array(
-            partition_counters.seq + 1, ${NOW_MS},
-            COALESCE((partition_counters.routes -> r ->> 0)::bigint, 0),
-            COALESCE((partition_counters.routes -> r ->> 1)::bigint, 0)))
-          FROM jsonb_object_keys(excluded.routes) AS r)`,
-      })),
-    )
-    .returning((eb) => [
-      "partition_key",
-      eb.cast<number>("epoch", "double precision").as("epoch"),
-      eb.cast<number>("seq", "double precision").as("seq"),
-      "routes",
-    ])
-    .execute()
-  const route = new Map(rows.map((r) => [r.key, r.route]))
-  return new Map(
-    counters.map((c) => [
-      c.partition_key,
-      { epoch: c.epoch, seq: c.seq, routes: routesBefore(c.routes, route.get(c.partition_key)!) },
-    ]),
-  )
-}
-
-/**
- * The numbers of each partition key in `rows`, in row order. Keys are locked
- * in sorted order, so two transactions writing the same keys cannot deadlock
- * on them: one statement when every key has one row (the common call), else
- * one per row. None when no row has a key.
+ * commit order. Keys are locked in sorted order, so two transactions writing
+ * the same keys cannot deadlock on them. The counter also keeps, per routing
+ * key, its last message (number, enqueue time) and hands back what it held
+ * before this statement (`routes_before`, read under the lock), from which
+ * each row learns the last message before it on every route of its key. One
+ * statement; none when no row has a key.
  */
 const numberByKey = async (
   db: Kysely<TxboxDatabase>,
   rows: ReadonlyArray<{ readonly partition_key: string | null; readonly route: string }>,
 ): Promise<ReadonlyArray<Numbered | undefined>> => {
-  const keyed = rows.flatMap((row, i) =>
-    row.partition_key === null ? [] : [{ i, key: row.partition_key, route: row.route }],
-  )
-  if (keyed.length === 0) return []
-  keyed.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : a.i - b.i))
-  const numbered = new Array<Numbered | undefined>(rows.length)
-  if (new Set(keyed.map((k) => k.key)).size === keyed.length) {
-    const byKey = await numberOnce(db, keyed)
-    for (const k of keyed) numbered[k.i] = byKey.get(k.key)
-  } else {
-    for (const k of keyed) numbered[k.i] = (await numberOnce(db, [k])).get(k.key)
+  // Per key: how many rows, and per route the (1-based) index of its last row among them.
+  const perKey = new Map<string, { count: number; lastOn: Record<string, number> }>()
+  for (const { partition_key: key, route } of rows) {
+    if (key === null) continue
+    const entry = perKey.get(key) ?? { count: 0, lastOn: {} }
+    entry.count++
+    entry.lastOn[route] = entry.count
+    perKey.set(key, entry)
   }
-  return numbered
+  if (perKey.size === 0) return []
+  // One JSON parameter for every key, in sorted order (the order their rows are locked in).
+  const input = JSON.stringify(
+    [...perKey.keys()]
+      .sort()
+      .map((key) => ({ key, count: perKey.get(key)!.count, last_on: perKey.get(key)!.lastOn })),
+  )
+  const k = sql<{
+    key: string
+    count: number
+    last_on: string
+  }>`jsonb_to_recordset(${input}::text::jsonb)`.as<"k">(sql`k(key text, count int, last_on jsonb)`)
+  const counters = await db
+    .insertInto("partition_counters")
+    .columns(["partition_key", "seq", "routes"])
+    .expression((eb) =>
+      eb
+        .selectFrom(k)
+        .select([
+          "k.key",
+          "k.count",
+          // A new key's numbers start at 1: each route's last is its index.
+          sql<string>`(SELECT jsonb_object_agg(r, jsonb_build_array(i::bigint, ${NOW_MS}))
+            FROM jsonb_each_text(k.last_on) AS e(r, i))`.as("routes"),
+        ])
+        .orderBy("k.key"),
+    )
+    .onConflict((oc) =>
+      oc.column("partition_key").doUpdateSet((eb) => ({
+        seq: eb("partition_counters.seq", "+", eb.ref("excluded.seq")),
+        updated_at: sql<Date>`now()`,
+        routes_before: sql<string>`partition_counters.routes`,
+        // This call's routes, numbered after the counter's last message.
+        routes: sql<string>`partition_counters.routes || (
+          SELECT jsonb_object_agg(r, jsonb_build_array(partition_counters.seq + (v ->> 0)::bigint, v -> 1))
+          FROM jsonb_each(excluded.routes) AS e(r, v))`,
+      })),
+    )
+    .returning((eb) => [
+      "partition_key",
+      eb.cast<number>("epoch", "double precision").as("epoch"),
+      eb.cast<number>("seq", "double precision").as("last"),
+      // A new key's row has the column's default ({}): nothing before it.
+      "routes_before",
+      NOW_MS.as("now_ms"),
+    ])
+    .execute()
+  // Each key's rows in order: the numbers after the counter's last, and the routes as they stood.
+  const state = new Map(
+    counters.map((c) => {
+      const current: Record<string, readonly [number, number]> = {}
+      for (const [route, entry] of Object.entries(c.routes_before ?? {}))
+        current[route] = [Number(entry[0]), Number(entry[1])]
+      return [
+        c.partition_key,
+        {
+          epoch: c.epoch,
+          next: c.last - perKey.get(c.partition_key)!.count + 1,
+          now: Number(c.now_ms),
+          current,
+        },
+      ]
+    }),
+  )
+  return rows.map(({ partition_key: key, route }) => {
+    if (key === null) return undefined
+    const at = state.get(key)!
+    const numbered: Numbered = { epoch: at.epoch, seq: at.next, routes: { ...at.current } }
+    at.current[route] = [at.next, at.now]
+    at.next++
+    return numbered
+  })
 }
 
 /**

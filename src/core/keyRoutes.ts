@@ -21,24 +21,6 @@ export interface RouteBinding {
   readonly boundAtMs: number
 }
 
-/**
- * From a counter's routes after numbering a message on `route` (per route
- * `[lastSeq, lastAtMs, prevSeq, prevAtMs]`), the last message before it on
- * each route: on its own route the one before it, elsewhere the last.
- */
-export const routesBefore = (
-  counter: Readonly<Record<string, ReadonlyArray<number | string>>>,
-  route: string,
-): KeyRoutes => {
-  const before: Record<string, readonly [number, number]> = {}
-  for (const [name, entry] of Object.entries(counter)) {
-    const [seq, at, prevSeq, prevAt] = entry.map(Number)
-    if (name !== route) before[name] = [seq!, at!]
-    else if (prevSeq! > 0) before[name] = [prevSeq!, prevAt!]
-  }
-  return before
-}
-
 export const formatKeyRoutes = (routes: KeyRoutes): string => JSON.stringify(routes)
 
 /** The routes a header carries; undefined when it is absent or not what txbox writes. */

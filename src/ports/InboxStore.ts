@@ -121,12 +121,19 @@ export interface InboxStoreShape {
     onDead?: OrderedDeadPolicy,
   ) => Effect.Effect<Claim<InboxRow>, StoreError>
   /**
-   * Brings back ordered rows a claim set aside to wait for a predecessor
-   * (off the front of the due rows) that may go now; how many. The mark that
-   * handles a predecessor brings its successors back itself: this is the
-   * safety net for the rest (run every few seconds).
+   * Keeps the due rows' front for what can go: sets aside ordered rows that
+   * have waited a while for a predecessor that is not there, and brings back
+   * those that may go now; answers how many came back. The mark that handles
+   * a predecessor brings its successors back itself; the inbox runs this
+   * every few seconds for the rest. A store whose claim reads every row
+   * anyway may do nothing. @default onDead "block", waitedMs 2000 (rows
+   * received more recently are left alone: their predecessor is likely on
+   * its way)
    */
-  readonly unpark: (consumer: string, onDead?: OrderedDeadPolicy) => Effect.Effect<number, StoreError>
+  readonly sweep: (
+    consumer: string,
+    options?: { readonly onDead?: OrderedDeadPolicy; readonly waitedMs?: number },
+  ) => Effect.Effect<number, StoreError>
   /** Keeps the rows of `consumer` that `token` still holds for another `leaseMs` (while their handlers run). */
   readonly extend: (consumer: string, token: string, leaseMs: number) => Effect.Effect<number, StoreError>
   /** Records the failures of a claim in one write: retry later or dead. Returns how many rows changed. */

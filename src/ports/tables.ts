@@ -61,8 +61,10 @@ export interface PartitionCountersTable {
   epoch: ColumnType<string, number | undefined, never>
   seq: ColumnType<string, number, number>
   updated_at: ColumnType<Date, Date | string | undefined, Date | string>
-  /** Per routing key, its last two messages (migration 0009): `{ route: [seq, atMs, prevSeq, prevAtMs] }`. */
+  /** Per routing key, its last message (migration 0009): `{ route: [seq, enqueuedAtMs] }`. */
   routes: ColumnType<Record<string, ReadonlyArray<number>>, string | undefined, string>
+  /** `routes` as it was before the last update, written by that update (migration 0009). */
+  routes_before: ColumnType<Record<string, ReadonlyArray<number>>, string | undefined, string>
 }
 
 /** When a consumer's queue was first bound to a routing pattern (migration 0009). */

@@ -408,7 +408,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
         extend,
         mark,
         bindings,
-        unpark: () => Effect.succeed(0),
+        sweep: () => Effect.succeed(0),
         wakeups,
       },
       rows: (consumer?: string) =>

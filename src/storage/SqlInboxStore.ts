@@ -295,71 +295,44 @@ export const claimQuery = (
 ): CompiledQuery<StoredRow> => {
   const goes = (eb: ExpressionBuilder<InboxScope, "w">) =>
     passDead ? eb.or([notEarly(eb), onlyDeadBefore(eb)]) : notEarly(eb)
-  return (
-    db
-      .with("due", (qb) =>
-        qb
-          .selectFrom("inbox as w")
-          .select("w.message_id")
-          .where("w.consumer", "=", consumer)
-          .where("w.status", "=", pending)
-          .where("w.visible_at", "<=", now)
-          .where(goes)
-          .orderBy("w.visible_at")
-          .limit(limit)
-          .forUpdate()
-          .skipLocked(),
-      )
-      // Rows that must wait for a predecessor leave the front of `inbox_due` until it is handled
-      // (`unparkAfter`, `unparkQuery`): re-read by every claim, 10,000 of them made each claim 4 ×
-      // slower (bench/README.md).
-      .with("parked", (qb) =>
-        qb
-          .updateTable("inbox as p")
-          .set({ visible_at: PARKED })
-          .from((sq) =>
-            sq
-              .selectFrom("inbox as w")
-              .select("w.message_id")
-              .where("w.consumer", "=", consumer)
-              .where("w.status", "=", pending)
-              .where("w.visible_at", "<=", now)
-              .where("w.partition_seq", "is not", null)
-              .where((eb) => eb.not(goes(eb)))
-              .limit(sql.lit(PARK_AT_ONCE))
-              .forUpdate()
-              .skipLocked()
-              .as("e"),
-          )
-          .where("p.consumer", "=", consumer)
-          .whereRef("p.message_id", "=", "e.message_id")
-          .returning("p.message_id"),
-      )
-      .updateTable("inbox as i")
-      .set({ lock_token: token, visible_at: nowPlusMs(leaseMs) })
-      .from("due")
-      .where("i.consumer", "=", consumer)
-      .whereRef("i.message_id", "=", "due.message_id")
-      .returning((eb) => [
-        "i.message_id",
-        "i.consumer",
-        "i.type",
-        "i.version",
-        // JSON text, handed to the contract's decoder as received.
-        eb.cast<string | null>("i.payload", "text").as("payload"),
-        "i.raw",
-        "i.headers",
-        "i.partition_key",
-        eb.cast<number | null>("i.partition_epoch", "double precision").as("partition_epoch"),
-        eb.cast<number | null>("i.partition_seq", "double precision").as("partition_seq"),
-        eb.cast<number | null>("i.partition_after", "double precision").as("partition_after"),
-        "i.tenant_id",
-        "i.attempts",
-        "i.last_error",
-        "i.stands_in_for",
-      ])
-      .compile()
-  )
+  return db
+    .with("due", (qb) =>
+      qb
+        .selectFrom("inbox as w")
+        .select("w.message_id")
+        .where("w.consumer", "=", consumer)
+        .where("w.status", "=", pending)
+        .where("w.visible_at", "<=", now)
+        .where(goes)
+        .orderBy("w.visible_at")
+        .limit(limit)
+        .forUpdate()
+        .skipLocked(),
+    )
+    .updateTable("inbox as i")
+    .set({ lock_token: token, visible_at: nowPlusMs(leaseMs) })
+    .from("due")
+    .where("i.consumer", "=", consumer)
+    .whereRef("i.message_id", "=", "due.message_id")
+    .returning((eb) => [
+      "i.message_id",
+      "i.consumer",
+      "i.type",
+      "i.version",
+      // JSON text, handed to the contract's decoder as received.
+      eb.cast<string | null>("i.payload", "text").as("payload"),
+      "i.raw",
+      "i.headers",
+      "i.partition_key",
+      eb.cast<number | null>("i.partition_epoch", "double precision").as("partition_epoch"),
+      eb.cast<number | null>("i.partition_seq", "double precision").as("partition_seq"),
+      eb.cast<number | null>("i.partition_after", "double precision").as("partition_after"),
+      "i.tenant_id",
+      "i.attempts",
+      "i.last_error",
+      "i.stands_in_for",
+    ])
+    .compile()
 }
 
 /**
@@ -404,8 +377,80 @@ export const bindingsQuery = (
 
 /** The due time of a parked row: after every real one, so `inbox_due`'s front holds none. */
 const PARKED = sql<Date>`'infinity'::timestamptz`
-/** Rows one claim parks at most: the front clears over a few claims, each one bounded. */
-const PARK_AT_ONCE = 1_000
+/** Rows one sweep sets aside at most: a bounded statement; the next sweep takes the rest. */
+const PARK_AT_ONCE = 10_000
+
+/**
+ * Sets aside the ordered rows of `consumer` that have waited a while in keys
+ * that cannot move (no row of the key may go now: its head is missing, or
+ * dead under "block"): their due time becomes `infinity`, off the front of
+ * `inbox_due`, which every claim reads (10,000 of them made each claim 4 ×
+ * slower, bench/README.md "blocked.ts"). A key whose head runs keeps its
+ * backlog where it is: it goes on in a moment. The mark that handles a predecessor brings its
+ * successors back (`unparkAfter`); `unparkQuery` the rest.
+ */
+export const parkQuery = (
+  db: Kysely<TxboxDatabase>,
+  { consumer, waitedMs }: { readonly consumer: string; readonly waitedMs: number },
+  passDead = false,
+): CompiledQuery => {
+  const goes = (eb: ExpressionBuilder<InboxScope, "w">) =>
+    passDead ? eb.or([notEarly(eb), onlyDeadBefore(eb)]) : notEarly(eb)
+  return db
+    .updateTable("inbox as p")
+    .set({ visible_at: PARKED })
+    .from((sq) =>
+      sq
+        .selectFrom("inbox as w")
+        .select("w.message_id")
+        .where("w.consumer", "=", consumer)
+        .where("w.status", "=", pending)
+        .where("w.visible_at", "<=", now)
+        .where("w.partition_seq", "is not", null)
+        // Waiting for a while: a row that came a moment before its predecessor is left alone.
+        .where("w.received_at", "<", sql<Date>`now() - ${waitedMs}::int * interval '1 millisecond'`)
+        .where((eb) => eb.not(goes(eb)))
+        // Only keys that cannot move: none of their rows may go now (the head is missing, or dead
+        // under "block"). A key with a head that runs has its backlog go on in a moment.
+        .where(({ not, exists, selectFrom }) =>
+          not(
+            exists(
+              selectFrom("inbox as h")
+                .select(sql.lit(1).as("one"))
+                .whereRef("h.consumer", "=", "w.consumer")
+                .whereRef("h.partition_key", "=", "w.partition_key")
+                .whereRef("h.partition_epoch", "=", "w.partition_epoch")
+                .where("h.partition_seq", "is not", null)
+                .where("h.status", "<>", sql.lit("processed"))
+                .where("h.status", "=", pending)
+                .where("h.visible_at", "<>", PARKED)
+                .where((eb) =>
+                  eb(
+                    sql<string>`COALESCE(h.partition_after, h.partition_seq - 1)`,
+                    "<=",
+                    eb.fn.coalesce(
+                      eb
+                        .selectFrom("inbox_cursors as c")
+                        .select("c.last_seq")
+                        .whereRef("c.consumer", "=", "w.consumer")
+                        .whereRef("c.partition_key", "=", "w.partition_key")
+                        .whereRef("c.epoch", "=", "w.partition_epoch"),
+                      sql<string>`0`,
+                    ),
+                  ),
+                ),
+            ),
+          ),
+        )
+        .limit(sql.lit(PARK_AT_ONCE))
+        .forUpdate()
+        .skipLocked()
+        .as("e"),
+    )
+    .where("p.consumer", "=", consumer)
+    .whereRef("p.message_id", "=", "e.message_id")
+    .compile()
+}
 
 /**
  * Brings back every parked row of `consumer` that may go now: what the
@@ -687,6 +732,8 @@ export interface InboxStatements {
   /** The claim under `onOrderedDead: "skip"`: dead rows do not hold their key. */
   readonly claimPassingDead: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<StoredRow>
   readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
+  readonly park: (params: Parameters<typeof parkQuery>[1]) => CompiledQuery
+  readonly parkPassingDead: (params: Parameters<typeof parkQuery>[1]) => CompiledQuery
   readonly unpark: (params: Parameters<typeof unparkQuery>[1]) => CompiledQuery
   readonly unparkPassingDead: (params: Parameters<typeof unparkQuery>[1]) => CompiledQuery
   readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
@@ -728,6 +775,11 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     leaseMs: -2,
   }),
   release: prepare(db, releaseQuery, { consumer: "\0consumer", token: "\0token" }),
+  park: prepare(db, parkQuery, { consumer: "\0consumer", waitedMs: -1 }),
+  parkPassingDead: prepare(db, (db, p: Parameters<typeof parkQuery>[1]) => parkQuery(db, p, true), {
+    consumer: "\0consumer",
+    waitedMs: -1,
+  }),
   unpark: prepare(db, unparkQuery, { consumer: "\0consumer" }),
   unparkPassingDead: prepare(db, (db, p: Parameters<typeof unparkQuery>[1]) => unparkQuery(db, p, true), {
     consumer: "\0consumer",
@@ -860,12 +912,17 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
               .executeQuery(q.mark({ consumer, token, failures: markFailures(marks) }))
               .then((r) => Number(r.rows[0]?.marked ?? 0)),
           ),
-    unpark: (consumer, onDead = "block") =>
-      tryStore("InboxStore.unpark", () =>
-        db
-          .executeQuery(onDead === "skip" ? q.unparkPassingDead({ consumer }) : q.unpark({ consumer }))
-          .then(affected),
-      ),
+    sweep: (consumer, { onDead = "block", waitedMs = 2_000 } = {}) =>
+      tryStore("InboxStore.sweep", async () => {
+        const skip = onDead === "skip"
+        const back = affected(
+          await db.executeQuery(skip ? q.unparkPassingDead({ consumer }) : q.unpark({ consumer })),
+        )
+        await db.executeQuery(
+          skip ? q.parkPassingDead({ consumer, waitedMs }) : q.park({ consumer, waitedMs }),
+        )
+        return back
+      }),
     bindings: (consumer, patterns) =>
       tryStore("InboxStore.bindings", async () => {
         const query = bindingsQuery(db, { consumer, patterns: JSON.stringify(patterns) })

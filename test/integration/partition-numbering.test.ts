@@ -153,5 +153,52 @@ for (const driver of ["pg", "postgres.js"] as const) {
       )
       expect(unkeyed.rows).toEqual([{ epoch: null, seq: null }])
     })
+
+    test("each message carries the last message before it on every route of its key, across calls and keys", async () => {
+      const key = `routes-${uuidv7()}`
+      const other = `routes-other-${uuidv7()}`
+      const ev = (label: string, partitionKey: string, routingKey?: string) => ({
+        contract: Step,
+        payload: { label },
+        options: { partitionKey, ...(routingKey ? { routingKey } : {}) },
+      })
+      await withDb(async (db) => {
+        await db
+          .transaction()
+          .execute((trx) =>
+            Effect.runPromise(
+              Outbox.enqueueMany(trx, [
+                ev("a1", key, "a"),
+                ev("o1", other, "a"),
+                ev("b2", key, "b"),
+                ev("a3", key, "a"),
+              ]),
+            ),
+          )
+        await db
+          .transaction()
+          .execute((trx) =>
+            Effect.runPromise(Outbox.enqueueMany(trx, [ev("b4", key, "b"), ev("a5", key, "a")])),
+          )
+      })
+      const rows = await sql<{ label: string; seq: string; routes: string }>`
+        SELECT payload->>'label' AS label, partition_seq AS seq, headers->>'txbox-partition-routes' AS routes
+        FROM txbox.outbox WHERE partition_key IN (${key}, ${other}) ORDER BY partition_key, partition_seq`.execute(
+        t.db,
+      )
+      // The numbers only: enqueue times are the database's clock.
+      const seqs = (routes: string) =>
+        Object.fromEntries(
+          Object.entries(JSON.parse(routes) as Record<string, [number, number]>).map(([r, [n]]) => [r, n]),
+        )
+      expect(rows.rows.map((r) => [r.label, Number(r.seq), seqs(r.routes)])).toEqual([
+        ["a1", 1, {}],
+        ["b2", 2, { a: 1 }],
+        ["a3", 3, { a: 1, b: 2 }],
+        ["b4", 4, { a: 3, b: 2 }],
+        ["a5", 5, { a: 3, b: 4 }],
+        ["o1", 1, {}],
+      ])
+    })
   })
 }

@@ -1,18 +1,8 @@
 // What a keyed message tells its consumers about its predecessors (core/keyRoutes.ts): pure logic.
 import { describe, expect, test } from "bun:test"
-import { afterFor, parseKeyRoutes, routesBefore, topicMatches, withHeader } from "../../src/core/keyRoutes.ts"
+import { afterFor, parseKeyRoutes, topicMatches, withHeader } from "../../src/core/keyRoutes.ts"
 
 describe("key routes", () => {
-  test("routesBefore: the previous message on the message's own route, the last on the others", () => {
-    // After numbering #5 on "paid": paid's last is #5 (before it #2), placed's last #1, shipped's #4.
-    const counter = { placed: [1, 100, 0, 0], paid: [5, 500, 2, 200], shipped: [4, 400, 3, 300] }
-    expect(routesBefore(counter, "paid")).toEqual({ placed: [1, 100], paid: [2, 200], shipped: [4, 400] })
-    // The first message on its route: nothing before it there.
-    expect(routesBefore({ placed: [1, 100, 0, 0] }, "placed")).toEqual({})
-    // PostgreSQL may hand bigints back as strings.
-    expect(routesBefore({ a: ["3", "30", "1", "10"] }, "b")).toEqual({ a: [3, 30] })
-  })
-
   test("afterFor: the last predecessor on a bound route, enqueued after the binding began", () => {
     const routes = { placed: [1, 100] as const, paid: [2, 200] as const, shipped: [4, 400] as const }
     const bound = (pattern: string, boundAtMs = 0) => ({ pattern, boundAtMs })

@@ -116,6 +116,10 @@ describe("SQL stores", () => {
       ],
       [() => inbox.unpark({ consumer: "c" }), SqlInboxStore.unparkQuery(db, { consumer: "c" })],
       [
+        () => inbox.park({ consumer: "c", waitedMs: 7 }),
+        SqlInboxStore.parkQuery(db, { consumer: "c", waitedMs: 7 }),
+      ],
+      [
         () => inbox.markProcessed({ consumer: "c", key: "k", token, attempts: 3 }),
         SqlInboxStore.markProcessedQuery(db, { consumer: "c", key: "k", token, attempts: 3 }),
       ],
