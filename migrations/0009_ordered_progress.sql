@@ -31,3 +31,12 @@ CREATE TABLE inbox_bindings (
   bound_at  timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (consumer, pattern)
 );
+
+-- What each consumer does with a dead ordered message (its onOrderedDead),
+-- as its inbox last said at start: `txbox status` reads it, so a key whose
+-- dead head a "skip" consumer passes is not reported as blocked.
+CREATE TABLE inbox_consumers (
+  consumer        text        PRIMARY KEY,
+  on_ordered_dead text        NOT NULL CHECK (on_ordered_dead IN ('block', 'skip')),
+  updated_at      timestamptz NOT NULL DEFAULT now()
+);

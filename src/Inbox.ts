@@ -181,7 +181,7 @@ export const make = (
     const bindings = Effect.suspend(() =>
       bound !== undefined
         ? Effect.succeed(bound)
-        : Effect.flatMap(store.bindings(c.consumer, registry.types), (b) => {
+        : Effect.flatMap(store.bindings(c.consumer, registry.types, c.onOrderedDead), (b) => {
             // A binding missing would make its route's predecessors "not for me": never guess.
             if (b.length !== registry.types.length) {
               return Effect.fail(

@@ -151,6 +151,8 @@ export interface InboxStoreShape {
   readonly bindings: (
     consumer: string,
     patterns: ReadonlyArray<string>,
+    /** Recorded beside them for the operator's tools (`txbox status`). */
+    onOrderedDead?: OrderedDeadPolicy,
   ) => Effect.Effect<ReadonlyArray<RouteBinding>, StoreError>
   /** Calls `onWake` when pending rows may have arrived (store-then-process), until the scope closes. Latency only. */
   readonly wakeups: (onWake: () => void) => Effect.Effect<void, StoreError, Scope.Scope>

@@ -67,6 +67,13 @@ export interface PartitionCountersTable {
   routes_before: ColumnType<Record<string, ReadonlyArray<number>>, string | undefined, string>
 }
 
+/** What a consumer does with a dead ordered message, as its inbox last said (migration 0009). */
+export interface InboxConsumersTable {
+  consumer: string
+  on_ordered_dead: "block" | "skip"
+  updated_at: ColumnType<Date, Date | string | undefined, Date | string>
+}
+
 /** When a consumer's queue was first bound to a routing pattern (migration 0009). */
 export interface InboxBindingsTable {
   consumer: string
@@ -96,6 +103,7 @@ export interface TxboxDatabase {
   inbox: InboxTable
   inbox_cursors: InboxCursorsTable
   inbox_bindings: InboxBindingsTable
+  inbox_consumers: InboxConsumersTable
   partition_counters: PartitionCountersTable
   txbox_migrations: MigrationsTable
 }

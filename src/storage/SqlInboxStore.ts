@@ -923,8 +923,17 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
         )
         return back
       }),
-    bindings: (consumer, patterns) =>
+    bindings: (consumer, patterns, onOrderedDead = "block") =>
       tryStore("InboxStore.bindings", async () => {
+        await db
+          .insertInto("inbox_consumers")
+          .values({ consumer, on_ordered_dead: onOrderedDead })
+          .onConflict((oc) =>
+            oc
+              .column("consumer")
+              .doUpdateSet({ on_ordered_dead: onOrderedDead, updated_at: sql<Date>`now()` }),
+          )
+          .execute()
         const query = bindingsQuery(db, { consumer, patterns: JSON.stringify(patterns) })
         // Another process recording the same pattern at the same moment makes this INSERT wait for
         // it and then skip the row, which this statement's snapshot does not show yet: the next does.

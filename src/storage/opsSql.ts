@@ -250,6 +250,28 @@ export const waitingKeys = (
         eb.cast<number | null>("c.last_seq", "double precision").as("last_seq"),
         eb.cast<number | null>("c.epoch", "double precision").as("cursor_epoch"),
         eb.cast<number>("i.partition_epoch", "double precision").as("head_epoch"),
+        // Under onOrderedDead "skip", a head whose predecessor is dead goes on: not missing.
+        eb
+          .and([
+            eb.exists(
+              eb
+                .selectFrom("inbox_consumers as p")
+                .select("p.consumer")
+                .whereRef("p.consumer", "=", "i.consumer")
+                .where("p.on_ordered_dead", "=", "skip"),
+            ),
+            eb.exists(
+              eb
+                .selectFrom("inbox as d")
+                .select("d.message_id")
+                .whereRef("d.consumer", "=", "i.consumer")
+                .whereRef("d.partition_key", "=", "i.partition_key")
+                .whereRef("d.partition_epoch", "=", "i.partition_epoch")
+                .where("d.status", "=", "dead")
+                .where("d.partition_seq", "=", sql<string>`COALESCE(i.partition_after, i.partition_seq - 1)`),
+            ),
+          ])
+          .as("passes_dead_before"),
         eb.fn
           .countAll()
           .over((ob) => ob.partitionBy(["i.consumer", "i.partition_key"]))
@@ -260,9 +282,23 @@ export const waitingKeys = (
       ])
       .where("i.partition_seq", "is not", null)
       .where("i.status", "<>", PROCESSED)
-      // A dead message the key was moved past (`dead skip`) no longer holds it.
+      // A dead message the key was moved past (`dead skip`) no longer holds it, nor one that its
+      // consumer passes (onOrderedDead "skip", as its inbox last said at start).
       .where(
         sql<boolean>`NOT (i.status = 'dead' AND c.epoch IS NOT NULL AND (c.epoch > i.partition_epoch OR (c.epoch = i.partition_epoch AND i.partition_seq <= c.last_seq)))`,
+      )
+      .where(({ not, exists, selectFrom, and, eb }) =>
+        not(
+          and([
+            eb("i.status", "=", "dead"),
+            exists(
+              selectFrom("inbox_consumers as p")
+                .select("p.consumer")
+                .whereRef("p.consumer", "=", "i.consumer")
+                .where("p.on_ordered_dead", "=", "skip"),
+            ),
+          ]),
+        ),
       )
       .orderBy("i.consumer")
       .orderBy("i.partition_key")
@@ -280,7 +316,7 @@ export const waitingKeys = (
           r.last_seq === null || r.cursor_epoch === null
             ? undefined
             : { epoch: r.cursor_epoch, lastSeq: r.last_seq }
-        const missing = r.status !== "dead" && isEarly(at, cursor)
+        const missing = r.status !== "dead" && isEarly(at, cursor) && !r.passes_dead_before
         return {
           consumer: r.consumer,
           partition_key: r.partition_key ?? "",

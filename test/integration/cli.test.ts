@@ -521,6 +521,19 @@ describe("txbox status and dead skip: ordered keys", () => {
     expect(table.stdout).toContain("waiting for #2 (not received)")
   })
 
+  test("status knows a consumer that passes dead messages: its dead head does not block the key", async () => {
+    const schema = await freshSchema()
+    await seed(schema)
+    await sql`INSERT INTO ${sql.id(schema, "inbox_consumers")} (consumer, on_ordered_dead) VALUES ('billing', 'skip')`.execute(
+      t.db,
+    )
+    const keys = await keysOf(schema)
+    // K's dead #2 is passed: its head is #3, which runs next. U's only row is dead: nothing waits.
+    expect(keys.get("K")).toMatchObject({ head: "pending", head_seq: 3, waiting: 1 })
+    expect(keys.has("U")).toBe(false)
+    expect(keys.get("L")).toMatchObject({ head: "missing", head_seq: 3 })
+  })
+
   test("dead skip moves the key past its dead head; the dead row stays; a second skip is refused", async () => {
     const schema = await freshSchema()
     await seed(schema)

@@ -52,6 +52,7 @@ describe("migrations", () => {
     expect(await tablesIn("first")).toEqual([
       "inbox",
       "inbox_bindings",
+      "inbox_consumers",
       "inbox_cursors",
       "outbox",
       "partition_counters",
@@ -74,6 +75,7 @@ describe("migrations", () => {
     expect(await tablesIn("racing")).toEqual([
       "inbox",
       "inbox_bindings",
+      "inbox_consumers",
       "inbox_cursors",
       "outbox",
       "partition_counters",

@@ -456,6 +456,10 @@ describe("per-key order, end to end", () => {
         t.db,
       )
       expect(dead.rows.map((r) => Number(r.seq))).toEqual([3])
+      // The policy is on record for the operator's tools (txbox status).
+      const policy = await sql<{ p: string }>`
+        SELECT on_ordered_dead AS p FROM txbox.inbox_consumers WHERE consumer = ${consumer}`.execute(t.db)
+      expect(policy.rows).toEqual([{ p: "skip" }])
     } finally {
       await relay.dispose()
       await inbox.dispose()

@@ -68,6 +68,7 @@ describe("PGlite store", () => {
     expect(tables.rows.map((r) => r.table_name)).toEqual([
       "inbox",
       "inbox_bindings",
+      "inbox_consumers",
       "inbox_cursors",
       "outbox",
       "partition_counters",
