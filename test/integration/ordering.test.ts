@@ -16,7 +16,13 @@ import * as Relay from "../../src/Relay.ts"
 import { redriveDead } from "../../src/storage/opsSql.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
-import { eventually, type MigratedDatabase, migratedDatabase, storeLayer } from "../support/txbox.ts"
+import {
+  eventually,
+  type MigratedDatabase,
+  migratedDatabase,
+  publishConfirmed,
+  storeLayer,
+} from "../support/txbox.ts"
 
 const Step = defineEvent({
   type: "ordering.step",
@@ -99,6 +105,31 @@ const startRelay = (exchange: string, config: Relay.RelayConfig = { pollInterval
       ),
     ),
   )
+
+/** A Step message as a relay would publish it, at `position` of `key`. */
+const stepMessage = (
+  key: string,
+  label: string,
+  position: { readonly epoch: number; readonly seq: number },
+  headers: Readonly<Record<string, string>> = {},
+): OutgoingMessage => ({
+  id: uuidv7(),
+  type: Step.type,
+  version: 1,
+  routingKey: Step.type,
+  body: JSON.stringify({ key, label }),
+  headers,
+  occurredAt: new Date(),
+  partitionKey: key,
+  position,
+  tenantId: null,
+})
+
+/** Publishes `messages` latest first, then all of them again in a random order; every one confirmed. */
+const publishReorderedTwice = async (exchange: string, messages: ReadonlyArray<OutgoingMessage>) => {
+  const shuffled = [...messages].reverse().concat([...messages].sort(() => Math.random() - 0.5))
+  await publishConfirmed(exchange, shuffled)
+}
 
 describe("per-key order, end to end", () => {
   test("60 keys × 10 messages from concurrent transactions, 2 relay workers, 2 consumers, failures and duplicates: each key in commit order, once", async () => {
@@ -191,7 +222,6 @@ describe("per-key order, end to end", () => {
       const exchange = uniqueName(`ordering-shuffle-${mode}`)
       const consumer = uniqueName(`ordering-shuffle-${mode}`)
       const inbox = startInbox(exchange, consumer, { mode })
-      const publisher = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
       try {
         await inbox.runPromise(Effect.void)
         const epoch = Date.now()
@@ -199,29 +229,11 @@ describe("per-key order, end to end", () => {
         for (let k = 0; k < 20; k++) {
           for (let seq = 1; seq <= 8; seq++) {
             const key = `k${k}`
-            messages.push({
-              id: uuidv7(),
-              type: Step.type,
-              version: 1,
-              routingKey: Step.type,
-              body: JSON.stringify({ key, label: `${key}#${seq}` }),
-              headers: {},
-              occurredAt: new Date(),
-              partitionKey: key,
-              position: { epoch, seq },
-              tenantId: null,
-            })
+            messages.push(stepMessage(key, `${key}#${seq}`, { epoch, seq }))
           }
         }
         // Latest first, then everything again in a random order.
-        const shuffled = [...messages].reverse().concat([...messages].sort(() => Math.random() - 0.5))
-        const outcomes = await publisher.runPromise(
-          Effect.gen(function* () {
-            const transport = yield* Transport
-            return yield* transport.publish(shuffled)
-          }),
-        )
-        expect(outcomes.every((o) => o._tag === "Confirmed")).toBe(true)
+        await publishReorderedTwice(exchange, messages)
         await eventually(
           `${mode}: all 160 handled`,
           async () =>
@@ -241,7 +253,6 @@ describe("per-key order, end to end", () => {
           expect({ mode, key, seqs: got.seqs }).toEqual({ mode, key, seqs: [1, 2, 3, 4, 5, 6, 7, 8] })
         }
       } finally {
-        await publisher.dispose()
         await inbox.dispose()
       }
     }
@@ -253,7 +264,6 @@ describe("per-key order, end to end", () => {
       const consumer = uniqueName(`ordering-resend-${mode}`)
       // The business key is the label: seq 3 resends seq 2's event under a new message id.
       const inbox = startInbox(exchange, consumer, { mode, dedupeKey: (payload) => payload.label })
-      const publisher = ManagedRuntime.make(Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))
       try {
         await inbox.runPromise(Effect.void)
         const epoch = Date.now()
@@ -262,30 +272,12 @@ describe("per-key order, end to end", () => {
           const key = `k${k}`
           const labels = ["placed", "paid", "paid", "shipped", "delivered"]
           for (const [i, label] of labels.entries()) {
-            messages.push({
-              id: uuidv7(),
-              type: Step.type,
-              version: 1,
-              routingKey: Step.type,
-              body: JSON.stringify({ key, label: `${key}:${label}` }),
-              headers: {},
-              occurredAt: new Date(),
-              partitionKey: key,
-              position: { epoch, seq: i + 1 },
-              tenantId: null,
-            })
+            messages.push(stepMessage(key, `${key}:${label}`, { epoch, seq: i + 1 }))
           }
         }
         // Latest first, then everything again in a random order: the resend may arrive before
         // the event it repeats, and every message is redelivered once.
-        const shuffled = [...messages].reverse().concat([...messages].sort(() => Math.random() - 0.5))
-        const outcomes = await publisher.runPromise(
-          Effect.gen(function* () {
-            const transport = yield* Transport
-            return yield* transport.publish(shuffled)
-          }),
-        )
-        expect(outcomes.every((o) => o._tag === "Confirmed")).toBe(true)
+        await publishReorderedTwice(exchange, messages)
         await eventually(
           `${mode}: every key's last message handled`,
           async () =>
@@ -320,7 +312,6 @@ describe("per-key order, end to end", () => {
         )
         expect(Number(waiting.rows[0]!.n)).toBe(0)
       } finally {
-        await publisher.dispose()
         await inbox.dispose()
       }
     }
@@ -623,22 +614,8 @@ describe("per-key order in a real deployment: consumers of some types, consumers
         return bound > 0
       })
       const epoch = Date.now()
-      const message = (
-        key: string,
-        seq: number,
-        routes: Record<string, [number, number]>,
-      ): OutgoingMessage => ({
-        id: uuidv7(),
-        type: Step.type,
-        version: 1,
-        routingKey: Step.type,
-        body: JSON.stringify({ key, label: `s${seq}` }),
-        headers: { "txbox-partition-routes": JSON.stringify(routes) },
-        occurredAt: new Date(),
-        partitionKey: key,
-        position: { epoch, seq },
-        tenantId: null,
-      })
+      const message = (key: string, seq: number, routes: Record<string, [number, number]>) =>
+        stepMessage(key, `s${seq}`, { epoch, seq }, { "txbox-partition-routes": JSON.stringify(routes) })
       const waits = `${consumer}-waits`
       const starts = `${consumer}-starts`
       const publish = (messages: ReadonlyArray<OutgoingMessage>) =>
