@@ -283,17 +283,18 @@ export const makeConsumer = (p: InboxParts) => {
       const decoded =
         tombstone === undefined
           ? yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, 0)
-          : ({ _tag: "Bad", row: tombstone } as const)
-      const at = decoded.row.position
+          : undefined
+      const received = decoded === undefined ? tombstone! : decoded.row
+      const at = received.position
       // An ordered message that can never be handled is stored all the same and goes dead when its
       // turn comes: dead before its turn, under onOrderedDead "skip" it would let its successors
       // pass predecessors still on their way.
-      if (decoded._tag === "Bad" && at == null) return yield* recordDead({ ...decoded.row, attempts: 1 })
+      if (decoded?._tag === "Bad" && at == null) return yield* recordDead({ ...received, attempts: 1 })
       const row =
         at == null
-          ? decoded.row
+          ? received
           : {
-              ...decoded.row,
+              ...received,
               position: withAfter(
                 at,
                 parseKeyRoutes(delivery.headers[PARTITION_ROUTES_HEADER]),
@@ -305,7 +306,7 @@ export const makeConsumer = (p: InboxParts) => {
       )
       if (stored._tag === "Failure") {
         if (stored.failure.reason !== "data") return yield* outageDecision(delivery, stored.failure)
-        return yield* recordDead({ ...decoded.row, attempts: 1, lastError: stored.failure.message })
+        return yield* recordDead({ ...received, attempts: 1, lastError: stored.failure.message })
       }
       p.counters.stored++
       return yield* committed(delivery)

@@ -36,9 +36,10 @@ export interface InboxRow {
   readonly attempts: number
   readonly lastError: string | null
   /**
-   * Set on a stand-in the store made for an ordered duplicate (see
-   * `insertPending`): the dedupe key it repeats. Its handler never runs; it
-   * only holds the duplicate's place in its key's sequence.
+   * Set on a stand-in, a row that only holds a place in its key's sequence
+   * and whose handler never runs: for a resend under a `dedupeKey` (see
+   * `insertPending`), the key it repeats; for a tombstone (a keyed message
+   * its producer's relay gave up on), its own key.
    */
   readonly standsInFor?: string | null
 }

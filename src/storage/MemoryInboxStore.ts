@@ -245,7 +245,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
         const deadBefore = (key: string) =>
           onDead === "skip"
             ? (at: PartitionPosition) =>
-                onlyDeadBefore(at, cursors.get(rowKey(consumer, key)), (seq) =>
+                onlyDeadBefore(at, (seq) =>
                   [...table.values()].some(
                     (r) =>
                       r.consumer === consumer &&

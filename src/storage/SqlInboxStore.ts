@@ -283,6 +283,10 @@ const onlyDeadBefore = (eb: ExpressionBuilder<InboxScope, "w">) =>
       .where("d.status", "=", sql.lit("dead")),
   )
 
+/** The gate the claim, the set-aside and the bring-back share: a row may go now (under "skip", past a dead predecessor too). */
+const goesNow = (passDead: boolean) => (eb: ExpressionBuilder<InboxScope, "w">) =>
+  passDead ? eb.or([notEarly(eb), onlyDeadBefore(eb)]) : notEarly(eb)
+
 export const claimQuery = (
   db: Kysely<TxboxDatabase>,
   {
@@ -293,8 +297,7 @@ export const claimQuery = (
   }: { readonly consumer: string; readonly limit: number; readonly token: string; readonly leaseMs: number },
   passDead = false,
 ): CompiledQuery<StoredRow> => {
-  const goes = (eb: ExpressionBuilder<InboxScope, "w">) =>
-    passDead ? eb.or([notEarly(eb), onlyDeadBefore(eb)]) : notEarly(eb)
+  const goes = goesNow(passDead)
   return db
     .with("due", (qb) =>
       qb
@@ -394,8 +397,7 @@ export const parkQuery = (
   { consumer, waitedMs }: { readonly consumer: string; readonly waitedMs: number },
   passDead = false,
 ): CompiledQuery => {
-  const goes = (eb: ExpressionBuilder<InboxScope, "w">) =>
-    passDead ? eb.or([notEarly(eb), onlyDeadBefore(eb)]) : notEarly(eb)
+  const goes = goesNow(passDead)
   return db
     .updateTable("inbox as p")
     .set({ visible_at: PARKED })
@@ -470,7 +472,7 @@ export const unparkQuery = (
     .where("w.status", "=", pending)
     .where("w.visible_at", "=", PARKED)
     .where("w.partition_seq", "is not", null)
-    .where((eb) => (passDead ? eb.or([notEarly(eb), onlyDeadBefore(eb)]) : notEarly(eb)))
+    .where(goesNow(passDead))
     .compile()
 
 /** Hands every row of `consumer` that `token` holds back, due now (a claim given up on). */

@@ -54,8 +54,5 @@ export const advanced = (cursor: PartitionCursor | undefined, at: PartitionPosit
  * (the processor claimed it), so what it waited for was handled or dead in
  * turn. A missing number still holds it.
  */
-export const onlyDeadBefore = (
-  at: PartitionPosition,
-  _cursor: PartitionCursor | undefined,
-  isDead: (seq: number) => boolean,
-): boolean => isDead(afterOf(at))
+export const onlyDeadBefore = (at: PartitionPosition, isDead: (seq: number) => boolean): boolean =>
+  isDead(afterOf(at))

@@ -55,6 +55,15 @@ const seenByKey = async (consumer: string) => {
   return byKey
 }
 
+/** Rows the handlers of `consumer` wrote, those whose label matches `label` (a LIKE pattern). */
+const handledCount = async (consumer: string, label = "%") =>
+  Number(
+    (
+      await sql<{ n: string }>`
+        SELECT count(*) AS n FROM seen WHERE consumer = ${consumer} AND label LIKE ${label}`.execute(t.db)
+    ).rows[0]!.n,
+  )
+
 const startInbox = (
   exchange: string,
   consumer: string,
@@ -178,18 +187,7 @@ describe("per-key order, end to end", () => {
       await Promise.all(writers)
       const total = [...committed.values()].reduce((n, labels) => n + labels.length, 0)
       // Duplicates: every message published a second time with its id, as a relay crash would.
-      await eventually(
-        "every message handled",
-        async () =>
-          Number(
-            (
-              await sql<{ n: string }>`SELECT count(*) AS n FROM seen WHERE consumer = ${consumer}`.execute(
-                t.db,
-              )
-            ).rows[0]!.n,
-          ) >= total,
-        90_000,
-      )
+      await eventually("every message handled", async () => (await handledCount(consumer)) >= total, 90_000)
       const seen = await seenByKey(consumer)
       // Commit order as the database decided it: the key's row lock is held from the enqueue to the
       // commit, so the numbers are it. (The order in which this process saw its transactions' COMMITs
@@ -236,14 +234,7 @@ describe("per-key order, end to end", () => {
         await publishReorderedTwice(exchange, messages)
         await eventually(
           `${mode}: all 160 handled`,
-          async () =>
-            Number(
-              (
-                await sql<{ n: string }>`SELECT count(*) AS n FROM seen WHERE consumer = ${consumer}`.execute(
-                  t.db,
-                )
-              ).rows[0]!.n,
-            ) >= 160,
+          async () => (await handledCount(consumer)) >= 160,
           60_000,
         )
         await new Promise((resolve) => setTimeout(resolve, 300)) // room for a wrong late duplicate
@@ -280,15 +271,7 @@ describe("per-key order, end to end", () => {
         await publishReorderedTwice(exchange, messages)
         await eventually(
           `${mode}: every key's last message handled`,
-          async () =>
-            Number(
-              (
-                await sql<{ n: string }>`
-                  SELECT count(*) AS n FROM seen WHERE consumer = ${consumer} AND label LIKE '%:delivered'`.execute(
-                  t.db,
-                )
-              ).rows[0]!.n,
-            ) >= 10,
+          async () => (await handledCount(consumer, "%:delivered")) >= 10,
           60_000,
         )
         await new Promise((resolve) => setTimeout(resolve, 300)) // room for a wrong late duplicate
