@@ -65,27 +65,41 @@ export const topicMatches = (pattern: string, routingKey: string): boolean => {
 /**
  * What a message at `seq` waits for, for a consumer bound as `bindings`: the
  * last message before it on a route the consumer is bound to, enqueued after
- * that binding existed; 0 when there is none.
+ * that binding existed (its number and enqueue time); number 0 when there is none.
  */
-export const afterFor = (routes: KeyRoutes, bindings: ReadonlyArray<RouteBinding>, seq: number): number => {
+export const waitsFor = (
+  routes: KeyRoutes,
+  bindings: ReadonlyArray<RouteBinding>,
+  seq: number,
+): { readonly seq: number; readonly atMs: number } => {
   let after = 0
+  let afterAt = 0
   for (const [route, [before, at]] of Object.entries(routes)) {
     if (before >= seq || before <= after) continue
     let boundAt = Number.POSITIVE_INFINITY
     for (const b of bindings)
       if (b.boundAtMs < boundAt && topicMatches(b.pattern, route)) boundAt = b.boundAtMs
-    if (at >= boundAt) after = before
+    if (at >= boundAt) {
+      after = before
+      afterAt = at
+    }
   }
-  return after
+  return { seq: after, atMs: afterAt }
 }
+
+export const afterFor = (routes: KeyRoutes, bindings: ReadonlyArray<RouteBinding>, seq: number): number =>
+  waitsFor(routes, bindings, seq).seq
 
 /** `at` with what it waits for, when the message carries its routes and the consumer knows its bindings. */
 export const withAfter = (
   at: PartitionPosition,
   routes: KeyRoutes | undefined,
   bindings: ReadonlyArray<RouteBinding> | undefined,
-): PartitionPosition =>
-  routes === undefined || bindings === undefined ? at : { ...at, after: afterFor(routes, bindings, at.seq) }
+): PartitionPosition => {
+  if (routes === undefined || bindings === undefined) return at
+  const before = waitsFor(routes, bindings, at.seq)
+  return before.seq === 0 ? { ...at, after: 0 } : { ...at, after: before.seq, afterAtMs: before.atMs }
+}
 
 /** A headers JSON object text with one more header. */
 export const withHeader = (headers: string, name: string, value: string): string =>

@@ -20,6 +20,13 @@ export interface PartitionPosition {
    * message's routes (`core/keyRoutes.ts`); absent, `seq − 1`.
    */
   readonly after?: number
+  /**
+   * When `after` was enqueued (ms, the producer database's clock). A consumer
+   * whose cursor for the key was purged as idle (`txbox purge --idle-keys`)
+   * does not wait for a predecessor enqueued before the purge's horizon: it
+   * may have been handled already, its cursor forgotten.
+   */
+  readonly afterAtMs?: number
 }
 
 /** One message as the relay hands it to the broker. `body` is the JSON text of the payload. */

@@ -42,6 +42,8 @@ export interface InboxTable {
   partition_seq: ColumnType<string | null, number | null | undefined, number | null>
   /** What the row waits for (migration 0009): its key's last number before it for this consumer; null: seq − 1. */
   partition_after: ColumnType<string | null, number | null | undefined, number | null>
+  /** When what the row waits for was enqueued (migration 0010): ms, the producer database's clock. */
+  partition_after_at: ColumnType<string | null, number | null | undefined, number | null>
   tenant_id: string | null
   received_at: Timestamp
   visible_at: Timestamp
@@ -71,6 +73,8 @@ export interface PartitionCountersTable {
 export interface InboxConsumersTable {
   consumer: string
   on_ordered_dead: "block" | "skip"
+  /** Cursors last moved before this (ms) may have been purged as idle (migration 0010). */
+  cursors_purged_before: ColumnType<string | null, number | null | undefined, number | null>
   updated_at: ColumnType<Date, Date | string | undefined, Date | string>
 }
 

@@ -49,6 +49,7 @@ export interface StoredRow {
   readonly partition_epoch: number | null
   readonly partition_seq: number | null
   readonly partition_after?: number | null
+  readonly partition_after_at?: number | null
   readonly tenant_id: string | null
   readonly attempts: number
   readonly last_error: string | null
@@ -76,6 +77,7 @@ const toStored = (row: InboxRow): StoredRow => ({
   partition_epoch: row.position?.epoch ?? null,
   partition_seq: row.position?.seq ?? null,
   partition_after: row.position?.after ?? null,
+  partition_after_at: row.position?.afterAtMs ?? null,
   tenant_id: row.tenantId,
   attempts: row.attempts,
   last_error: row.lastError,
@@ -167,7 +169,7 @@ export const insertRowsQuery = (
   // The rows travel as one JSON text parameter (every driver binds a string
   // the same way). Kysely cannot say a function's column definition list.
   const records = sql<StoredRow>`jsonb_to_recordset(${rows}::text::jsonb)`.as<"r">(
-    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, partition_epoch bigint, partition_seq bigint, partition_after bigint, tenant_id text, attempts int, last_error text, stands_in_for text)`,
+    sql`r(message_id text, consumer text, type text, version int, payload text, raw text, headers jsonb, partition_key text, partition_epoch bigint, partition_seq bigint, partition_after bigint, partition_after_at bigint, tenant_id text, attempts int, last_error text, stands_in_for text)`,
   )
   return (
     db
@@ -184,6 +186,7 @@ export const insertRowsQuery = (
         "partition_epoch",
         "partition_seq",
         "partition_after",
+        "partition_after_at",
         "tenant_id",
         "attempts",
         "status",
@@ -207,6 +210,7 @@ export const insertRowsQuery = (
             "r.partition_epoch",
             "r.partition_seq",
             "r.partition_after",
+            "r.partition_after_at",
             "r.tenant_id",
             "r.attempts",
             sql.lit(status).as("status"),
@@ -241,8 +245,9 @@ export const insertRowsQuery = (
  * number before it; `partitionGate.ts`) is not yet handled. Claimable:
  * unordered rows; a row whose predecessor for this consumer is handled (or
  * one already passed: a redriven row); one that waits for nothing, in a newer
- * epoch or a key the consumer has not seen. An older epoch's row is late, not
- * early. Never guesses past a missing number.
+ * epoch or a key the consumer has not seen (or whose cursor was purged after
+ * what it waits for was handled: migration 0010). An older epoch's row is
+ * late, not early. Never guesses past a missing number.
  */
 type InboxScope = TxboxDatabase & { readonly w: TxboxDatabase["inbox"] }
 const afterOf = (eb: ExpressionBuilder<InboxScope, "w">) =>
@@ -265,7 +270,19 @@ const notEarly = (eb: ExpressionBuilder<InboxScope, "w">) => {
         ]),
       ),
     ),
-    eb.and([eb(after, "=", sql<string>`0`), eb.not(eb.exists(cursor))]),
+    eb.and([
+      eb.not(eb.exists(cursor)),
+      eb.or([
+        eb(after, "=", sql<string>`0`),
+        eb.exists(
+          eb
+            .selectFrom("inbox_consumers as h")
+            .select(sql.lit(1).as("one"))
+            .whereRef("h.consumer", "=", "w.consumer")
+            .whereRef("h.cursors_purged_before", ">", "w.partition_after_at"),
+        ),
+      ]),
+    ]),
   ])
 }
 /** Under onOrderedDead "skip": what the row waits for is dead (see `onlyDeadBefore` in partitionGate.ts). */

@@ -272,6 +272,19 @@ export const waitingKeys = (
             ),
           ])
           .as("passes_dead_before"),
+        // A key whose cursor was purged does not wait for what it handled before (migration 0010).
+        eb
+          .and([
+            eb("c.epoch", "is", null),
+            eb.exists(
+              eb
+                .selectFrom("inbox_consumers as h")
+                .select("h.consumer")
+                .whereRef("h.consumer", "=", "i.consumer")
+                .whereRef("h.cursors_purged_before", ">", "i.partition_after_at"),
+            ),
+          ])
+          .as("passes_purged"),
         eb.fn
           .countAll()
           .over((ob) => ob.partitionBy(["i.consumer", "i.partition_key"]))
@@ -316,7 +329,8 @@ export const waitingKeys = (
           r.last_seq === null || r.cursor_epoch === null
             ? undefined
             : { epoch: r.cursor_epoch, lastSeq: r.last_seq }
-        const missing = r.status !== "dead" && isEarly(at, cursor) && !r.passes_dead_before
+        const missing =
+          r.status !== "dead" && isEarly(at, cursor) && !r.passes_dead_before && !r.passes_purged
         return {
           consumer: r.consumer,
           partition_key: r.partition_key ?? "",
@@ -694,7 +708,10 @@ export const purgeIdleCounters = (
 
 /**
  * Deletes up to `limit` consumer cursors not moved since `before` whose key has
- * nothing left to handle for that consumer (no pending or dead row).
+ * nothing left to handle for that consumer (no pending or dead row). In the
+ * same statement it moves each such consumer's purge horizon to `before`
+ * (migration 0010): the key's next message, still queued perhaps, does not
+ * wait for a predecessor it handled before its cursor was forgotten.
  */
 export const purgeIdleCursors = (
   db: DatabaseShape,
@@ -724,10 +741,39 @@ export const purgeIdleCursors = (
           .forUpdate()
           .skipLocked(),
       )
-      .deleteFrom("inbox_cursors as k")
-      .using("idle")
-      .whereRef("k.consumer", "=", "idle.consumer")
-      .whereRef("k.partition_key", "=", "idle.partition_key")
-      .executeTakeFirst()
-    return int(result.numDeletedRows)
+      .with("gone", (qb) =>
+        qb
+          .deleteFrom("inbox_cursors as k")
+          .using("idle")
+          .whereRef("k.consumer", "=", "idle.consumer")
+          .whereRef("k.partition_key", "=", "idle.partition_key")
+          .returning("k.consumer"),
+      )
+      .with("horizon", (qb) =>
+        qb
+          .insertInto("inbox_consumers")
+          .columns(["consumer", "on_ordered_dead", "cursors_purged_before"])
+          .expression((eb) =>
+            eb
+              .selectFrom("gone")
+              .distinct()
+              .select([
+                "gone.consumer",
+                // A consumer not yet recorded (it has not started since migration 0009) is "block"
+                // until its inbox next starts and says.
+                sql.lit("block").as("on_ordered_dead"),
+                sql<string>`${before.getTime()}::bigint`.as("cursors_purged_before"),
+              ]),
+          )
+          .onConflict((oc) =>
+            oc.column("consumer").doUpdateSet({
+              cursors_purged_before: sql<number>`GREATEST(inbox_consumers.cursors_purged_before, excluded.cursors_purged_before)`,
+            }),
+          )
+          .returning("consumer"),
+      )
+      .selectFrom("gone")
+      .select((eb) => eb.fn.countAll<string>().as("n"))
+      .executeTakeFirstOrThrow()
+    return int(result.n)
   })

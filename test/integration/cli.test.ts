@@ -615,6 +615,12 @@ describe("txbox purge --idle-keys", () => {
       t.db,
     )
     expect(left.rows.map((r) => r.k)).toEqual(["busy", "recent", "waiting"])
+    // The consumer's horizon (migration 0010): its cursors last moved before the cutoff may be gone.
+    const horizon = await sql<{ h: string; cutoff: string }>`
+      SELECT cursors_purged_before AS h,
+             (extract(epoch FROM now() - interval '60 days') * 1000)::bigint AS cutoff
+      FROM ${sql.id(schema, "inbox_consumers")} WHERE consumer = 'billing'`.execute(t.db)
+    expect(Math.abs(Number(horizon.rows[0]!.h) - Number(horizon.rows[0]!.cutoff))).toBeLessThan(60_000)
   })
 
   test("an idle window shorter than the dedupe window is refused", async () => {

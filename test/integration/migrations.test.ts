@@ -71,7 +71,7 @@ describe("migrations", () => {
   test("two processes migrating at once: one applies, the other finds nothing to do", async () => {
     const outputs = await Promise.all([runChild([test_db.url, "racing"]), runChild([test_db.url, "racing"])])
     const applied = outputs.map((o) => JSON.parse(o) as number[])
-    expect(applied.flat().sort()).toEqual(migrations.map((m) => m.version))
+    expect(applied.flat().sort((a, b) => a - b)).toEqual(migrations.map((m) => m.version))
     expect(await tablesIn("racing")).toEqual([
       "inbox",
       "inbox_bindings",

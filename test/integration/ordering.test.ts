@@ -13,7 +13,7 @@ import * as Outbox from "../../src/Outbox.ts"
 import { Database } from "../../src/ports/Database.ts"
 import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
 import * as Relay from "../../src/Relay.ts"
-import { redriveDead } from "../../src/storage/opsSql.ts"
+import { cutoff, purgeIdleCursors, redriveDead } from "../../src/storage/opsSql.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
 import {
@@ -626,6 +626,62 @@ describe("per-key order in a real deployment: consumers of some types, consumers
       expect(await labelsOf(consumer, starts)).toEqual(["s3"])
     } finally {
       await publisher.dispose()
+      await inbox.dispose()
+    }
+  }, 120_000)
+  test("a key whose cursor was purged as idle goes on with its queued backlog; a late predecessor is still waited for", async () => {
+    const exchange = uniqueName("ordering-purged")
+    const consumer = uniqueName("ordering-purged")
+    const DAY = 86_400_000
+    let inbox = consumerOf(exchange, consumer, false)
+    try {
+      // Bound long ago: its queue has been receiving every message of these keys.
+      await inbox.runPromise(Effect.void)
+      await eventually("the binding recorded", async () => {
+        const r = await sql`SELECT 1 FROM txbox.inbox_bindings WHERE consumer = ${consumer}`.execute(t.db)
+        return r.rows.length > 0
+      })
+      await inbox.dispose()
+      await sql`UPDATE txbox.inbox_bindings SET bound_at = now() - interval '90 days'
+                WHERE consumer = ${consumer}`.execute(t.db)
+      // `purged` #1 was handled 70 days ago; the key went quiet, and its cursor is purged as idle.
+      const epoch = Date.now() - 80 * DAY
+      await sql`INSERT INTO txbox.inbox_cursors (consumer, partition_key, epoch, last_seq, updated_at)
+                VALUES (${consumer}, 'purged', ${epoch}, 1, now() - interval '70 days')`.execute(t.db)
+      const ops = ManagedRuntime.make(storeLayer(t.url))
+      const purged = await ops
+        .runPromise(
+          Effect.gen(function* () {
+            const database = yield* Database
+            return yield* purgeIdleCursors(database, yield* cutoff(database, 60 * 86_400), 100)
+          }),
+        )
+        .finally(() => ops.dispose())
+      expect(purged).toBe(1)
+      // While the consumer is down its queue takes `purged` #2 (after #1, enqueued 75 days ago) and
+      // `late` #3, whose #2 was enqueued yesterday: after the purge's horizon, so merely late.
+      const message = (key: string, seq: number, routes: Record<string, [number, number]>) =>
+        stepMessage(key, `s${seq}`, { epoch, seq }, { "txbox-partition-routes": JSON.stringify(routes) })
+      const late = `${consumer}-late`
+      await publishConfirmed(exchange, [
+        message("purged", 2, { [Step.type]: [1, Date.now() - 75 * DAY] }),
+        message(late, 3, { [Step.type]: [2, Date.now() - DAY] }),
+      ])
+      inbox = consumerOf(exchange, consumer, false)
+      await inbox.runPromise(Effect.void)
+      await eventually(
+        "purged #2 handled",
+        async () => (await labelsOf(consumer, "purged")).length === 1,
+        30_000,
+      )
+      // Time for a wrong early run of `late` #3 (the processor polls every 200 ms).
+      await new Promise((resolve) => setTimeout(resolve, 1_000))
+      expect(await labelsOf(consumer, late)).toEqual([])
+      await publishConfirmed(exchange, [message(late, 2, { [Step.type]: [1, Date.now() - 95 * DAY] })])
+      await eventually("late handled", async () => (await labelsOf(consumer, late)).length === 2, 30_000)
+      expect(await labelsOf(consumer, late)).toEqual(["s2", "s3"])
+      expect(await labelsOf(consumer, "purged")).toEqual(["s2"])
+    } finally {
       await inbox.dispose()
     }
   }, 120_000)
