@@ -11,7 +11,7 @@ import * as Metrics from "../Metrics.ts"
 import type { InboxMark, InboxRow, OrderedDeadPolicy } from "../ports/InboxStore.ts"
 import { bounded } from "./bounded.ts"
 import { type Decoded, decodeDelivery, rowAsDelivery } from "./decodeDelivery.ts"
-import { type HandlerFailed, runHandler } from "./handler.ts"
+import { HandlerFailed, runHandler } from "./handler.ts"
 import { holdingLease } from "./heartbeat.ts"
 import {
   deadInbox,
@@ -36,6 +36,56 @@ export interface ProcessorSettings {
 type Ready = {
   readonly row: InboxRow
   readonly decoded: Extract<Decoded, { readonly _tag: "Ok" }> | undefined
+}
+
+/** What a chained row gets when the row before it in its key did not go in its batch: back at once, no attempt spent. */
+const HELD_BACK = new HandlerFailed("held back: the row before it in its key did not go in this batch")
+const heldBack = (row: InboxRow): InboxMark => ({
+  key: row.key,
+  verdict: { _tag: "Retry", delayMs: 0, error: row.lastError ?? HELD_BACK.error, spendsAttempt: false },
+})
+
+/** Rows of one ordered key: they run in claim order, and none after one that fails. */
+const keyChains = {
+  same: (a: Ready, b: Ready) =>
+    a.row.position != null && b.row.position != null && a.row.partitionKey === b.row.partitionKey,
+  heldBack: HELD_BACK,
+}
+
+/** The ordered key of a row, if it has one. */
+const orderedKey = (row: InboxRow): string | null => (row.position != null ? row.partitionKey : null)
+
+/**
+ * `concurrency` lanes at once, the claim's rows shared out among them (one
+ * transaction per row capped the processor far below what the consumer side
+ * stores: bench/README.md "inbox"); an ordered key's rows (a chain the claim
+ * took) stay together, in order, in one lane. A lane runs as transactions of
+ * `size` rows, one after another.
+ */
+const lanes = (ready: ReadonlyArray<Ready>, size: number): Ready[][] => {
+  const groups = new Map<string, Ready[]>()
+  const units: Ready[][] = []
+  for (const item of ready) {
+    const key = orderedKey(item.row)
+    const group = key === null ? undefined : groups.get(key)
+    if (group !== undefined) group.push(item)
+    else {
+      const unit = [item]
+      units.push(unit)
+      if (key !== null) groups.set(key, unit)
+    }
+  }
+  const chunks: Ready[][] = []
+  let current: Ready[] = []
+  for (const unit of units) {
+    if (current.length > 0 && current.length + unit.length > size) {
+      chunks.push(current)
+      current = []
+    }
+    current.push(...unit)
+  }
+  if (current.length > 0) chunks.push(current)
+  return chunks
 }
 
 export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effect<number, StoreError> => {
@@ -84,11 +134,40 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
         )
         .pipe(bounded("Inbox.transaction", p.handlerTimeoutMs * items.length + STATEMENTS_MS))
 
+  /**
+   * A lane's rows, `size` to a transaction, one transaction after another; a
+   * key whose row failed holds back its rows after it (they go back, due now,
+   * behind the failed one).
+   */
+  const processLane = (lane: ReadonlyArray<Ready>, size: number, token: string) =>
+    Effect.gen(function* () {
+      const marks: Array<InboxMark | undefined> = []
+      const failedKeys = new Set<string>()
+      for (let i = 0; i < lane.length; i += size) {
+        const piece: Ready[] = []
+        for (const item of lane.slice(i, i + size)) {
+          const key = orderedKey(item.row)
+          if (key !== null && failedKeys.has(key)) marks.push(heldBack(item.row))
+          else piece.push(item)
+        }
+        if (piece.length === 0) continue
+        const pieceMarks = yield* processChunk(piece, token)
+        for (const [j, mark] of pieceMarks.entries()) {
+          const key = orderedKey(piece[j]!.row)
+          if (mark !== undefined && key !== null) failedKeys.add(key)
+        }
+        marks.push(...pieceMarks)
+      }
+      return marks
+    })
+
   /** What became of a chunk's rows: the failures as marks; the processed ones counted. */
   const processChunk = (items: ReadonlyArray<Ready>, token: string) =>
-    Effect.flatMap(runShared(items, processTogether(token), isOutage), (results) =>
+    Effect.flatMap(runShared(items, processTogether(token), isOutage, keyChains), (results) =>
       Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
         const result = results[i]
+        if (result !== undefined && !result.ok && result.error === HELD_BACK)
+          return Effect.succeed(heldBack(item.row))
         if (result === undefined || !result.ok) {
           const failure = result === undefined ? permanent("no result for the row") : failureOf(result.error)
           const verdict = verdictFor(item.row.attempts, failure, p.retry)
@@ -107,14 +186,22 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
 
   return Effect.gen(function* () {
     advancedKeys = 0
-    const { token, rows } = yield* Effect.suspend(() =>
-      p.store.claim(p.consumer, s.batchSize, s.leaseMs, s.onOrderedDead),
+    const claimed = yield* Effect.suspend(() =>
+      p.store.claim(p.consumer, s.batchSize, s.leaseMs, s.onOrderedDead, true),
     ).pipe(bounded("Inbox.claim", STATEMENTS_MS))
+    const { token, rows } = claimed
     if (rows.length === 0) return 0
     const ordered = new Set(rows.filter((r) => r.position != null).map((r) => r.key))
     const marks: InboxMark[] = []
     const ready: Ready[] = []
+    // Keys whose claimed row before this one will not run in this batch (it could not be decoded).
+    const stopped = new Set<string>()
     for (const row of rows) {
+      const key = orderedKey(row)
+      if (key !== null && stopped.has(key)) {
+        marks.push(heldBack(row))
+        continue
+      }
       // A stand-in only holds its key's place: nothing to decode, no handler to run.
       if (row.standsInFor != null) {
         ready.push({ row, decoded: undefined })
@@ -133,17 +220,17 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
       }
       const verdict = verdictFor(row.attempts, permanent(decoded.row.lastError ?? "undecodable"), p.retry)
       if (verdict._tag !== "Done") marks.push({ key: row.key, verdict })
+      if (key !== null) stopped.add(key)
     }
-    // `concurrency` transactions at once, the claim's rows shared out among them: one
-    // transaction per row capped the processor far below what the consumer side stores
-    // (bench/README.md "inbox").
-    const size = Math.ceil(ready.length / s.concurrency)
-    const chunks: Ready[][] = []
-    for (let i = 0; i < ready.length; i += size) chunks.push(ready.slice(i, i + size))
     const results = yield* holdingLease(
       p.store.extend(p.consumer, token, s.leaseMs),
       s.leaseMs,
-      Effect.forEach(chunks, (chunk) => processChunk(chunk, token), { concurrency: s.concurrency }),
+      Effect.suspend(() => {
+        const size = Math.ceil(ready.length / s.concurrency)
+        return Effect.forEach(lanes(ready, size), (lane) => processLane(lane, size, token), {
+          concurrency: s.concurrency,
+        })
+      }),
     )
     for (const chunk of results) for (const m of chunk) if (m !== undefined) marks.push(m)
     yield* p.store.mark(p.consumer, token, marks).pipe(bounded("Inbox.mark", STATEMENTS_MS))

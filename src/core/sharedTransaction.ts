@@ -29,12 +29,41 @@ export class FailedAt<E> {
   }
 }
 
+/**
+ * Items that must run in their given order, each only after the ones before it
+ * of its chain succeeded (an ordered key's rows): the parts of a failed batch
+ * run one after another, and an item whose chain failed before it is not run
+ * (its result is `heldBack`).
+ */
+export interface Chains<I, E> {
+  readonly same: (a: I, b: I) => boolean
+  readonly heldBack: E
+}
+
 export const runShared = <I, O, E>(
   items: ReadonlyArray<I>,
   together: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<O>, FailedAt<E> | E>,
   isOutage: (error: E) => boolean,
+  chains?: Chains<I, E>,
 ): Effect.Effect<ReadonlyArray<ItemResult<O, E>>> => {
   type Result = ItemResult<O, E>
+  const heldBack: Result | undefined = chains && { ok: false, error: chains.heldBack }
+  /** Each item alone; with chains, in order, and none after its chain failed. */
+  const alone = (items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Result>> => {
+    if (chains === undefined)
+      return Effect.forEach(items, (item) => run([item], false), { concurrency: "unbounded" }).pipe(
+        Effect.map((results) => results.flat()),
+      )
+    const failed: I[] = []
+    return Effect.forEach(items, (item) =>
+      failed.some((f) => chains.same(f, item))
+        ? Effect.succeed(heldBack!)
+        : Effect.map(run([item], false), ([result]) => {
+            if (!result!.ok) failed.push(item)
+            return result!
+          }),
+    )
+  }
   const run = (items: ReadonlyArray<I>, shareAgain: boolean): Effect.Effect<ReadonlyArray<Result>> =>
     together(items).pipe(
       Effect.map((outputs) => outputs.map((value): Result => ({ ok: true, value }))),
@@ -42,20 +71,34 @@ export const runShared = <I, O, E>(
         const error = failure instanceof FailedAt ? (failure.error as E) : (failure as E)
         if (items.length === 1 || (!(failure instanceof FailedAt) && isOutage(error)))
           return Effect.succeed(items.map((): Result => ({ ok: false, error })))
-        if (!(failure instanceof FailedAt) || !shareAgain)
-          return Effect.forEach(items, (item) => run([item], false), { concurrency: "unbounded" }).pipe(
-            Effect.map((results) => results.flat()),
-          )
+        if (!(failure instanceof FailedAt) || !shareAgain) return alone(items)
         const at = failure.index
-        const parts = [items.slice(0, at), items.slice(at, at + 1), items.slice(at + 1)] as const
-        return Effect.all(
-          [
-            parts[0].length === 0 ? Effect.succeed([]) : run(parts[0], false),
-            run(parts[1], false),
-            parts[2].length === 0 ? Effect.succeed([]) : run(parts[2], true),
-          ],
-          { concurrency: "unbounded" },
-        ).pipe(Effect.map((results) => results.flat()))
+        const failing = items[at]!
+        if (chains === undefined)
+          return Effect.all(
+            [
+              at === 0 ? Effect.succeed([]) : run(items.slice(0, at), false),
+              run([failing], false),
+              at + 1 === items.length ? Effect.succeed([]) : run(items.slice(at + 1), true),
+            ],
+            { concurrency: "unbounded" },
+          ).pipe(Effect.map((results) => results.flat()))
+        // In order. After the failing item its chain's items wait for it (handed back), and so do
+        // those of any chain that failed before it (the failing item too: the items before it ran
+        // again, and one of its chain may fail this time); the others share a batch again.
+        return Effect.gen(function* () {
+          const before = at === 0 ? [] : yield* run(items.slice(0, at), false)
+          const failed = [failing, ...items.slice(0, at).filter((_, i) => !before[i]!.ok)]
+          const [alone] = failed.slice(1).some((f) => chains.same(f, failing))
+            ? [heldBack!]
+            : yield* run([failing], false)
+          const after = items.slice(at + 1)
+          const holds = after.map((item) => failed.some((f) => chains.same(f, item)))
+          const rest = after.filter((_, i) => !holds[i])
+          const others = rest.length === 0 ? [] : yield* run(rest, true)
+          let next = 0
+          return [...before, alone!, ...holds.map((held) => (held ? heldBack! : others[next++]!))]
+        })
       }),
     )
   return run(items, true)

@@ -113,13 +113,19 @@ export interface InboxStoreShape {
   /**
    * Claims up to `limit` due pending rows of `consumer` under a lease, as the
    * relay claims the outbox. An ordered row waits for its predecessor; under
-   * `onDead: "skip"` a dead predecessor counts as passed. @default onDead "block"
+   * `onDead: "skip"` a dead predecessor counts as passed. With `chains`, it
+   * also claims behind an ordered row the rows of its key that wait for it in
+   * turn: a claimed ordered row's predecessor is then handled, passed, or
+   * claimed in the same batch before it (each key's rows in the order they
+   * must run). The caller then handles a key's claimed rows one after another
+   * and stops the key at the first that fails. @default onDead "block", chains false
    */
   readonly claim: (
     consumer: string,
     limit: number,
     leaseMs: number,
     onDead?: OrderedDeadPolicy,
+    chains?: boolean,
   ) => Effect.Effect<Claim<InboxRow>, StoreError>
   /**
    * Keeps the due rows' front for what can go: sets aside ordered rows that

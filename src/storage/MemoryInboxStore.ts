@@ -36,7 +36,7 @@ import {
 import type { Claim } from "../ports/lease.ts"
 import type { PartitionPosition } from "../ports/Transport.ts"
 import { applyFailure, makeWakeups } from "./memoryLease.ts"
-import { advanced, isEarly, onlyDeadBefore, type PartitionCursor } from "./partitionGate.ts"
+import { advanced, afterOf, isEarly, onlyDeadBefore, type PartitionCursor } from "./partitionGate.ts"
 
 /** One inbox row as a test sees it; times are epoch ms of the `Clock`. */
 export interface MemoryInboxRow extends InboxRow {
@@ -239,7 +239,13 @@ export const make = (): Effect.Effect<MemoryInbox> =>
         }),
       )
 
-    const claim = (consumer: string, limit: number, leaseMs: number, onDead: OrderedDeadPolicy = "block") =>
+    const claim = (
+      consumer: string,
+      limit: number,
+      leaseMs: number,
+      onDead: OrderedDeadPolicy = "block",
+      chains = false,
+    ) =>
       op("InboxStore.claim", (now): Claim<InboxRow> => {
         const token = uuidv7()
         const deadBefore = (key: string) =>
@@ -272,6 +278,23 @@ export const make = (): Effect.Effect<MemoryInbox> =>
           .map(([, r]) => r)
           .sort(byDue)
           .slice(0, Math.max(0, limit))
+        // Behind each ordered row taken, the rows of its key that wait for it, in turn (as the SQL claim's chains).
+        for (let i = 0; chains && i < due.length && due.length < limit; i++) {
+          const taken = due[i]!
+          if (taken.position == null || taken.partitionKey === null) continue
+          const next = [...table.entries()].find(
+            ([k, r]) =>
+              r.consumer === consumer &&
+              r.status === "pending" &&
+              r.visibleAt <= now &&
+              !held.has(k) &&
+              r.partitionKey === taken.partitionKey &&
+              r.position?.epoch === taken.position!.epoch &&
+              afterOf(r.position) === taken.position!.seq &&
+              !due.includes(r),
+          )
+          if (next !== undefined) due.push(next[1])
+        }
         for (const row of due) {
           row.lockToken = token
           row.visibleAt = now + leaseMs

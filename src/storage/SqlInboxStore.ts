@@ -32,6 +32,7 @@ import {
 } from "../ports/InboxStore.ts"
 import type { Claim } from "../ports/lease.ts"
 import type { TxboxDatabase } from "../ports/tables.ts"
+import { chainOrder } from "./partitionGate.ts"
 import { prepare } from "./prepared.ts"
 import { affected, cursorForward, now, nowPlusMs, pending } from "./sqlFragments.ts"
 import { withTransaction } from "./transaction.ts"
@@ -55,6 +56,9 @@ export interface StoredRow {
   readonly last_error: string | null
   readonly stands_in_for?: string | null
 }
+
+/** A claimed row, with its depth in its key's chain (`claimQuery`). */
+export type ClaimedRow = StoredRow & { readonly chain_depth: number }
 
 /** One failure as it travels in `mark`'s JSON parameter. */
 interface MarkRecord {
@@ -304,6 +308,14 @@ const onlyDeadBefore = (eb: ExpressionBuilder<InboxScope, "w">) =>
 const goesNow = (passDead: boolean) => (eb: ExpressionBuilder<InboxScope, "w">) =>
   passDead ? eb.or([notEarly(eb), onlyDeadBefore(eb)]) : notEarly(eb)
 
+/**
+ * Claims up to `limit` rows that may go now and, with `chains`, behind each
+ * ordered one the rows of its key that wait for it in turn (its chain: a key
+ * with a backlog drains a batch at a time, not a row per claim). `chain_depth` is 1 for a row
+ * that may go now, n + 1 for one that waits for a claimed row at depth n; the
+ * rows are taken by depth, so a row is only ever claimed with the rows it waits
+ * for — except when SKIP LOCKED passed one of those, which `claim` hands back.
+ */
 export const claimQuery = (
   db: Kysely<TxboxDatabase>,
   {
@@ -313,20 +325,84 @@ export const claimQuery = (
     leaseMs,
   }: { readonly consumer: string; readonly limit: number; readonly token: string; readonly leaseMs: number },
   passDead = false,
-): CompiledQuery<StoredRow> => {
+  chains = false,
+): CompiledQuery<ClaimedRow> => {
   const goes = goesNow(passDead)
+  // Without chains the recursive step finds nothing: one statement for both.
+  const maxDepth = chains ? sql<number>`${limit}` : sql.lit(1)
   return db
+    .withRecursive("chain(message_id, partition_key, partition_epoch, partition_seq, depth)", (qb) =>
+      qb
+        .selectFrom((heads) =>
+          heads
+            .selectFrom("inbox as w")
+            .select(["w.message_id", "w.partition_key", "w.partition_epoch", "w.partition_seq"])
+            .where("w.consumer", "=", consumer)
+            .where("w.status", "=", pending)
+            .where("w.visible_at", "<=", now)
+            .where(goes)
+            .orderBy("w.visible_at")
+            .limit(limit)
+            .as("heads"),
+        )
+        .select([
+          "heads.message_id",
+          "heads.partition_key",
+          "heads.partition_epoch",
+          "heads.partition_seq",
+          sql.lit(1).as("depth"),
+        ])
+        .unionAll((next) =>
+          next
+            .selectFrom("chain as c")
+            .innerJoin("inbox as n", (join) =>
+              join
+                .onRef("n.partition_key", "=", "c.partition_key")
+                .onRef("n.partition_epoch", "=", "c.partition_epoch")
+                .on(
+                  sql<string>`COALESCE(n.partition_after, n.partition_seq - 1)`,
+                  "=",
+                  sql.ref("c.partition_seq"),
+                ),
+            )
+            .select([
+              "n.message_id",
+              "n.partition_key",
+              "n.partition_epoch",
+              "n.partition_seq",
+              sql<number>`c.depth + 1`.as("depth"),
+            ])
+            .where("n.consumer", "=", consumer)
+            // Spelled as the partial index's predicate (inbox_ordered) too, so the planner uses it.
+            .where("n.partition_seq", "is not", null)
+            .where("n.status", "<>", sql.lit("processed"))
+            .where("n.status", "=", pending)
+            .where("n.visible_at", "<=", now)
+            .where("c.depth", "<", maxDepth),
+        ),
+    )
     .with("due", (qb) =>
       qb
         .selectFrom("inbox as w")
-        .select("w.message_id")
+        .innerJoin(
+          (first) =>
+            first
+              .selectFrom("chain")
+              .select(["chain.message_id", (eb) => eb.fn.min("chain.depth").as("depth")])
+              .groupBy("chain.message_id")
+              .as("c"),
+          (join) => join.onRef("c.message_id", "=", "w.message_id"),
+        )
+        .select(["w.message_id", "c.depth"])
         .where("w.consumer", "=", consumer)
+        // Checked again on the row as it is once locked: a row another claim took and committed
+        // meanwhile (its lease moved visible_at) is not taken twice.
         .where("w.status", "=", pending)
         .where("w.visible_at", "<=", now)
-        .where(goes)
+        .orderBy("c.depth")
         .orderBy("w.visible_at")
         .limit(limit)
-        .forUpdate()
+        .forUpdate(["w"])
         .skipLocked(),
     )
     .updateTable("inbox as i")
@@ -351,6 +427,7 @@ export const claimQuery = (
       "i.attempts",
       "i.last_error",
       "i.stands_in_for",
+      eb.cast<number>("due.depth", "integer").as("chain_depth"),
     ])
     .compile()
 }
@@ -503,6 +580,20 @@ export const releaseQuery = (
     .where("consumer", "=", consumer)
     .where("lock_token", "=", token)
     .where("status", "=", pending)
+    .compile()
+
+/** Hands back the rows `keys` (a JSON array text) of `consumer` that `token` holds, due now: a claim's rows whose predecessor another claim holds. */
+export const releaseSomeQuery = (
+  db: Kysely<TxboxDatabase>,
+  { consumer, token, keys }: { readonly consumer: string; readonly token: string; readonly keys: string },
+): CompiledQuery =>
+  db
+    .updateTable("inbox")
+    .set({ lock_token: sql.lit(null), visible_at: now })
+    .where("consumer", "=", consumer)
+    .where("lock_token", "=", token)
+    .where("status", "=", pending)
+    .where(sql<boolean>`message_id IN (SELECT jsonb_array_elements_text(${keys}::text::jsonb))`)
     .compile()
 
 /**
@@ -741,16 +832,33 @@ export const markQuery = (
   )
 }
 
+const claimStatements = (db: Kysely<TxboxDatabase>): InboxStatements["claim"] => {
+  const one = (passDead: boolean, chains: boolean) =>
+    prepare(db, (db, p: Parameters<typeof claimQuery>[1]) => claimQuery(db, p, passDead, chains), {
+      consumer: "\0consumer",
+      limit: -1,
+      token: "\0token",
+      leaseMs: -2,
+    })
+  return {
+    block: { heads: one(false, false), chains: one(false, true) },
+    skip: { heads: one(true, false), chains: one(true, true) },
+  }
+}
+
 /** The statements of one store, each compiled once for its schema. */
 export interface InboxStatements {
   readonly insertProcessed: (params: ProcessedValues) => CompiledQuery<{ message_id: string }>
   readonly insertPending: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
   readonly insertStandIns: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
   readonly insertDead: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
-  readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<StoredRow>
-  /** The claim under `onOrderedDead: "skip"`: dead rows do not hold their key. */
-  readonly claimPassingDead: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<StoredRow>
+  /** Per `onOrderedDead` (under "skip" dead rows do not hold their key), heads only or with their chains. */
+  readonly claim: Record<
+    OrderedDeadPolicy,
+    Record<"heads" | "chains", (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimedRow>>
+  >
   readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
+  readonly releaseSome: (params: Parameters<typeof releaseSomeQuery>[1]) => CompiledQuery
   readonly park: (params: Parameters<typeof parkQuery>[1]) => CompiledQuery
   readonly parkPassingDead: (params: Parameters<typeof parkQuery>[1]) => CompiledQuery
   readonly unpark: (params: Parameters<typeof unparkQuery>[1]) => CompiledQuery
@@ -786,14 +894,9 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
   insertDead: prepare(db, (db, p: { readonly rows: string }) => insertRowsQuery(db, "dead", p), {
     rows: "\0rows",
   }),
-  claim: prepare(db, claimQuery, { consumer: "\0consumer", limit: -1, token: "\0token", leaseMs: -2 }),
-  claimPassingDead: prepare(db, (db, p: Parameters<typeof claimQuery>[1]) => claimQuery(db, p, true), {
-    consumer: "\0consumer",
-    limit: -1,
-    token: "\0token",
-    leaseMs: -2,
-  }),
+  claim: claimStatements(db),
   release: prepare(db, releaseQuery, { consumer: "\0consumer", token: "\0token" }),
+  releaseSome: prepare(db, releaseSomeQuery, { consumer: "\0consumer", token: "\0token", keys: "\0keys" }),
   park: prepare(db, parkQuery, { consumer: "\0consumer", waitedMs: -1 }),
   parkPassingDead: prepare(db, (db, p: Parameters<typeof parkQuery>[1]) => parkQuery(db, p, true), {
     consumer: "\0consumer",
@@ -879,9 +982,10 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
     limit: number,
     leaseMs: number,
     onDead: OrderedDeadPolicy = "block",
+    chains = false,
   ) {
     const token = uuidv7()
-    const statement = onDead === "skip" ? q.claimPassingDead : q.claim
+    const statement = q.claim[onDead][chains ? "chains" : "heads"]
     const rows = yield* tryStore("InboxStore.claim", (signal) => {
       const claimed = db.executeQuery(statement({ consumer, limit, token, leaseMs })).then((r) => r.rows)
       // Given up on (interrupted, e.g. timed out), the statement may still run
@@ -897,7 +1001,17 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
       )
       return claimed
     })
-    return { token, rows: rows.map(toRow) } satisfies Claim<InboxRow>
+    // A chained row whose predecessor SKIP LOCKED passed (another claim holds it) must not run
+    // before it: hand it back now.
+    const { ordered, unchained } = chainOrder(
+      rows.map((r) => ({ ...toRow(r), depth: r.chain_depth })),
+      (r) => r.depth === 1,
+    )
+    if (unchained.length > 0) {
+      const keys = JSON.stringify(unchained.map((r) => r.key))
+      yield* tryStore("InboxStore.claim", () => db.executeQuery(q.releaseSome({ consumer, token, keys })))
+    }
+    return { token, rows: ordered.map(({ depth: _, ...row }) => row) } satisfies Claim<InboxRow>
   })
 
   return {

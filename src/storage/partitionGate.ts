@@ -56,3 +56,44 @@ export const advanced = (cursor: PartitionCursor | undefined, at: PartitionPosit
  */
 export const onlyDeadBefore = (at: PartitionPosition, isDead: (seq: number) => boolean): boolean =>
   isDead(afterOf(at))
+
+/** A claimed row's place for `chainOrder`: its key and position, when it is ordered. */
+export interface Chained {
+  readonly partitionKey: string | null
+  readonly position?: PartitionPosition | null
+}
+
+/**
+ * A claim's rows, each key's in the order they must run, and the rows that
+ * must not run now: `heads` may go on their own (what they wait for is
+ * handled or passed); any other row may go only after the claimed row it
+ * waits for. A row whose predecessor is neither (another claim holds it) is
+ * `unchained`: the caller hands it back.
+ */
+export const chainOrder = <R extends Chained>(
+  rows: ReadonlyArray<R>,
+  isHead: (row: R) => boolean,
+): { readonly ordered: ReadonlyArray<R>; readonly unchained: ReadonlyArray<R> } => {
+  const slot = (key: string, epoch: number, seq: number) => `${epoch}:${seq}:${key}`
+  const byWait = new Map<string, R[]>()
+  const ordered: R[] = []
+  for (const row of rows) {
+    const at = row.position
+    if (at == null || row.partitionKey === null || isHead(row)) ordered.push(row)
+    else {
+      const k = slot(row.partitionKey, at.epoch, afterOf(at))
+      byWait.set(k, [...(byWait.get(k) ?? []), row])
+    }
+  }
+  // Each placed row lets the rows waiting for it follow it.
+  for (let i = 0; i < ordered.length; i++) {
+    const row = ordered[i]!
+    if (row.position == null || row.partitionKey === null) continue
+    const k = slot(row.partitionKey, row.position.epoch, row.position.seq)
+    const next = byWait.get(k)
+    if (next === undefined) continue
+    byWait.delete(k)
+    ordered.push(...next)
+  }
+  return { ordered, unchained: [...byWait.values()].flat() }
+}

@@ -706,6 +706,49 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       expect(await claimKeys()).toMatchObject({ keys: [] })
     })
 
+    const claimChains = async (limit = 10) => {
+      const { token, rows } = await store((s) => s.claim(consumer, limit, LONG_LEASE, "block", true))
+      return { token, keys: rows.map((r) => r.key) }
+    }
+
+    test("a claim with chains takes each key's backlog behind its head, in the order it must run", async () => {
+      await store((s) =>
+        s.insertPending([
+          ordered("a3", "A", 3),
+          ordered("b2", "B", 2),
+          ordered("a1", "A", 1),
+          inboxRow("u"),
+          ordered("b1", "B", 1),
+          ordered("a2", "A", 2),
+          // Waits for #4, which is missing: never taken behind a3.
+          ordered("a5", "A", 5),
+        ]),
+      )
+      const { token, keys } = await claimChains()
+      expect(sorted(keys)).toEqual(["a1", "a2", "a3", "b1", "b2", "u"])
+      const position = (key: string) => keys.indexOf(key)
+      expect(position("a1")).toBeLessThan(position("a2"))
+      expect(position("a2")).toBeLessThan(position("a3"))
+      expect(position("b1")).toBeLessThan(position("b2"))
+      for (const key of ["a1", "a2", "a3"]) expect(await markProcessed(key, token, 1)).toBe(true)
+      expect(await claimChains()).toMatchObject({ keys: [] })
+    })
+
+    test("a claim with chains stops at its limit with each taken row's predecessor taken before it", async () => {
+      await store((s) => s.insertPending([1, 2, 3, 4, 5].map((n) => ordered(`a${n}`, "A", n))))
+      expect((await claimChains(3)).keys).toEqual(["a1", "a2", "a3"])
+    })
+
+    test("a claim with chains does not take a row whose predecessor another claim holds", async () => {
+      await store((s) => s.insertPending([ordered("a1", "A", 1), ordered("a2", "A", 2)]))
+      const first = await claimKeys(1)
+      expect(first.keys).toEqual(["a1"])
+      // a1 is held; a2 waits for it: not claimable, chained or not.
+      expect(await claimChains()).toMatchObject({ keys: [] })
+      expect(await markProcessed("a1", first.token, 1)).toBe(true)
+      expect((await claimChains()).keys).toEqual(["a2"])
+    })
+
     test("the claim hands back an ordered row's position", async () => {
       await store((s) => s.insertPending([ordered("a1", "A", 1)]))
       const { rows } = await claim(10)

@@ -111,4 +111,46 @@ describe("per-key order over memory parts", () => {
         expect(seen).toEqual([3])
       }),
     ))
+  test("a key with a backlog drains a batch per claim, not a message per claim", () =>
+    run(
+      Effect.gen(function* () {
+        const memory = yield* MemoryInboxStore.make()
+        let claims = 0
+        const store = {
+          ...memory,
+          store: {
+            ...memory.store,
+            claim: (...args: Parameters<typeof memory.store.claim>) => {
+              claims++
+              return memory.store.claim(...args)
+            },
+          },
+        }
+        const broker = MemoryTransport.makeBroker()
+        const seen: number[] = []
+        // 40 messages of one key, stored before the processor looks: its predecessor #1 comes last.
+        const batch = Array.from({ length: 40 }, (_, i) => message("k", i + 1, 1_000))
+        yield* Inbox.make({
+          consumer: "c",
+          mode: "store-then-process",
+          pollInterval: "1 second",
+          handlers: [Inbox.handler(Step, ({ payload }) => Effect.sync(() => seen.push(payload.n)))],
+        }).pipe(
+          Effect.provide(
+            Layer.merge(MemoryInboxStore.layer(store), Layer.succeed(Transport, broker.transport)),
+          ),
+        )
+        yield* broker.transport.publish(batch.slice(1))
+        yield* settle
+        const before = claims
+        yield* broker.transport.publish(batch.slice(0, 1))
+        for (let i = 0; i < 20 && seen.length < 40; i++) {
+          yield* TestClock.adjust(1_000)
+          yield* settle
+        }
+        expect(seen).toEqual(batch.map((_, i) => i + 1))
+        // The whole backlog in the claim after #1 arrived (and one more that finds nothing), not 40.
+        expect(claims - before).toBeLessThanOrEqual(3)
+      }),
+    ))
 })

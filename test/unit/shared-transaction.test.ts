@@ -92,3 +92,52 @@ describe("runShared", () => {
     expect(h.batches).toEqual([["a"]])
   })
 })
+
+describe("runShared with chains (an ordered key's rows, named key + number: a1, a2, …)", () => {
+  const HELD = { outage: false, why: "held back" }
+  const chained = (fails: (item: string, tries: number) => boolean, whole?: Failure) => {
+    const batches: string[][] = []
+    const tries = new Map<string, number>()
+    const together = (items: ReadonlyArray<string>): Effect.Effect<string[], FailedAt<Failure> | Failure> =>
+      Effect.suspend((): Effect.Effect<string[], FailedAt<Failure> | Failure> => {
+        batches.push([...items])
+        if (whole && items.length > 1) return Effect.fail(whole)
+        for (const [i, item] of items.entries()) {
+          const n = (tries.get(item) ?? 0) + 1
+          tries.set(item, n)
+          if (fails(item, n)) return Effect.fail(new FailedAt(i, handlerError))
+        }
+        return Effect.succeed(items.map((item) => item.toUpperCase()))
+      })
+    const run = (items: ReadonlyArray<string>) =>
+      Effect.runPromise(
+        runShared(items, together, (f: Failure) => f.outage, {
+          same: (a, b) => a[0] === b[0],
+          heldBack: HELD,
+        }),
+      )
+    return { batches, run }
+  }
+  const outcome = (results: ReadonlyArray<{ ok: boolean; error?: Failure }>) =>
+    results.map((r) => (r.ok ? "ok" : r.error === HELD ? "held" : "failed"))
+
+  test("after a failing row its key's later rows are held back, not run; other keys go on", async () => {
+    const h = chained((item) => item === "a2")
+    expect(outcome(await h.run(["a1", "a2", "b1", "a3", "b2"]))).toEqual(["ok", "failed", "ok", "held", "ok"])
+    // Run in order, one part after another: never a3 (nor b1 with a3).
+    expect(h.batches).toEqual([["a1", "a2", "b1", "a3", "b2"], ["a1"], ["a2"], ["b1", "b2"]])
+  })
+
+  test("a row whose key failed in the rows run again before it is held back itself", async () => {
+    // a2 fails the shared run; a1, fine the first time, fails when run again: a2 must not run after it.
+    const h = chained((item, n) => (item === "a2" && n === 1) || (item === "a1" && n === 2))
+    expect(outcome(await h.run(["a1", "a2", "a3"]))).toEqual(["failed", "held", "held"])
+    expect(h.batches).toEqual([["a1", "a2", "a3"], ["a1"]])
+  })
+
+  test("each alone after a failure nobody in particular caused: in order, a key stops at its first failure", async () => {
+    const h = chained((item) => item === "a1", { outage: false, why: "commit refused" })
+    expect(outcome(await h.run(["a1", "b1", "a2"]))).toEqual(["failed", "ok", "held"])
+    expect(h.batches).toEqual([["a1", "b1", "a2"], ["a1"], ["b1"]])
+  })
+})

@@ -82,7 +82,7 @@ describe("SQL stores", () => {
     const inbox = SqlInboxStore.claimQuery(db, { consumer: "c", limit: 10, token, leaseMs: 30_000 })
     for (const query of [outbox, inbox]) {
       expect(query.sql).toContain(`"status" = 'pending'`)
-      expect(query.sql).toContain("for update skip locked")
+      expect(query.sql).toMatch(/for update (of "w" )?skip locked/)
       expect(query.parameters).not.toContain("pending")
     }
   })
@@ -107,8 +107,16 @@ describe("SQL stores", () => {
       [() => inbox.insertPending({ rows }), SqlInboxStore.insertRowsQuery(db, "pending", { rows })],
       [() => inbox.insertDead({ rows }), SqlInboxStore.insertRowsQuery(db, "dead", { rows })],
       [
-        () => inbox.claim({ consumer: "c", limit: 7, token, leaseMs: 9 }),
+        () => inbox.claim.block.heads({ consumer: "c", limit: 7, token, leaseMs: 9 }),
         SqlInboxStore.claimQuery(db, { consumer: "c", limit: 7, token, leaseMs: 9 }),
+      ],
+      [
+        () => inbox.claim.skip.chains({ consumer: "c", limit: 7, token, leaseMs: 9 }),
+        SqlInboxStore.claimQuery(db, { consumer: "c", limit: 7, token, leaseMs: 9 }, true, true),
+      ],
+      [
+        () => inbox.releaseSome({ consumer: "c", token, keys: "[]" }),
+        SqlInboxStore.releaseSomeQuery(db, { consumer: "c", token, keys: "[]" }),
       ],
       [
         () => inbox.release({ consumer: "c", token }),
