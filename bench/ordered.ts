@@ -8,8 +8,13 @@
 // inbox's transaction. Each run is timed from the relay's start until the inbox has handled every
 // message; the outbox is filled by the producers beforehand (timed separately, not included).
 //
-//   bun bench/ordered.ts [--quick] [--messages 20000] [--keys 1000] [--rounds 2] [--producers 4]
-//                        [--tx-size 100] [--spread shuffled|round-robin] [--seed 1]
+// `--keys` takes a list: each count is one ordered run per round (few keys, each with a long
+// backlog, and many). `--rate R` offers the messages at R msg/s while the relay and the inbox run
+// (the producers paced, every kind at the same rate) instead of filling the outbox first; the
+// table then says how long the pipeline took to drain once the producers stopped.
+//
+//   bun bench/ordered.ts [--quick] [--messages 20000] [--keys 64,10000] [--rounds 2] [--producers 4]
+//                        [--tx-size 100] [--spread shuffled|round-robin] [--seed 1] [--rate 0]
 //                        [--inbox-batch n] [--inbox-poll-ms n] [--inbox-concurrency n]
 import { Effect } from "effect"
 import { Kysely, sql } from "kysely"
@@ -40,7 +45,12 @@ const optional = (name: string): number | undefined =>
   args.given[name] === undefined ? undefined : args.number(name, Number.NaN)
 const config = {
   messages: args.number("messages", quick ? 2_000 : 20_000),
-  keys: args.number("keys", quick ? 100 : 1_000),
+  keys: args
+    .string("keys", quick ? "16,1000" : "64,10000")
+    .split(",")
+    .map((k) => Number(k)),
+  /** Messages per second offered while everything runs; 0: fill the outbox first, then time the drain. */
+  rate: args.number("rate", 0),
   /** Unordered and ordered alternate, `rounds` times each; the summary takes medians. */
   rounds: args.number("rounds", quick ? 1 : 2),
   /** Concurrent producer transactions while the outbox is filled. */
@@ -63,9 +73,17 @@ const config = {
   timeoutMs: 600_000,
 }
 if (!["shuffled", "round-robin"].includes(config.spread)) throw new Error(`--spread: ${config.spread}`)
-if (config.keys < 1 || config.messages < config.keys) throw new Error("--keys must be in 1..messages")
+for (const keys of config.keys)
+  if (!Number.isInteger(keys) || keys < 1 || config.messages < keys)
+    throw new Error("--keys must be in 1..messages")
 
-type Kind = "unordered" | "ordered"
+/** "unordered", or "ordered" over `keys` partition keys. */
+interface Kind {
+  readonly ordered: boolean
+  readonly keys: number
+}
+const kindName = (kind: Kind) =>
+  kind.ordered ? `ordered ${kind.keys.toLocaleString("en-US")} keys` : "unordered"
 
 interface InboxLine {
   readonly event: "ready" | "stats" | "report"
@@ -84,6 +102,8 @@ interface Run {
   readonly seconds: number
   /** Seconds from the relay's start until it had published every message. */
   readonly relayDone: number
+  /** With `--rate`: seconds from the producers' last commit until the last message was handled. */
+  readonly drain: number | undefined
   /** Ordered: seconds until the inbox had stored every delivery (the consume side alone). */
   readonly storedDone: number | undefined
   /** The producers' msg/s while filling the outbox (not part of `rate`). */
@@ -142,12 +162,15 @@ main(() =>
     // biome-ignore lint/suspicious/noExplicitAny: the producer's own database
     const db = new Kysely<any>({ dialect: new PostgresJSDialect({ postgres: client }) })
     const n = config.messages
-    const layout = keyLayout(n, config.keys, config.spread, config.seed)
-    const keyName = (i: number) => `customer-${String(layout[i]).padStart(4, "0")}`
+    const layouts = new Map(config.keys.map((k) => [k, keyLayout(n, k, config.spread, config.seed)]))
+    const keyName = (keys: number, i: number) => `customer-${String(layouts.get(keys)![i]).padStart(5, "0")}`
     const topology: { queues: string[]; exchanges: string[] } = { queues: [], exchanges: [] }
     const runs: Run[] = []
 
-    /** Fills the outbox: `producers` concurrent transactions of `txSize` messages each. */
+    /**
+     * Fills the outbox: `producers` concurrent transactions of `txSize` messages each; with `--rate`,
+     * each transaction starts no earlier than its first message's turn at that rate.
+     */
     const produce = async (kind: Kind): Promise<number> => {
       let next = 0
       const started = performance.now()
@@ -156,12 +179,17 @@ main(() =>
           while (next < n) {
             const from = next
             next = Math.min(n, next + config.txSize)
+            const to = next
+            if (config.rate > 0) {
+              const due = started + (from / config.rate) * 1000 - performance.now()
+              if (due > 0) await new Promise((resolve) => setTimeout(resolve, due))
+            }
             const events: Outbox.EventInput[] = []
-            for (let i = from; i < next; i++) {
+            for (let i = from; i < to; i++) {
               events.push({
                 contract: OrderPlaced,
                 payload: makePayload(i),
-                ...(kind === "ordered" ? { options: { partitionKey: keyName(i) } } : {}),
+                ...(kind.ordered ? { options: { partitionKey: keyName(kind.keys, i) } } : {}),
               })
             }
             await db.transaction().execute((trx) => Effect.runPromise(Outbox.enqueueMany(trx, events)))
@@ -175,8 +203,9 @@ main(() =>
       await sql`TRUNCATE txbox.outbox, txbox.inbox, txbox.inbox_cursors, txbox.partition_counters, bench.handled`.execute(
         bench.db,
       )
-      const exchange = uniqueName(`bench.ordered.${kind}`)
-      const consumer = uniqueName(`ordered-${kind}`)
+      const tag = kind.ordered ? `ordered${kind.keys}` : "unordered"
+      const exchange = uniqueName(`bench.ordered.${tag}`)
+      const consumer = uniqueName(`ordered-${tag}`)
       topology.exchanges.push(exchange)
       topology.queues.push(
         queueName(consumer),
@@ -208,9 +237,15 @@ main(() =>
       try {
         // The consumer's queue must exist before anything is published (else: unroutable, retried).
         await Promise.all([inbox.ready, relay.ready])
-        const enqueueRate = await produce(kind)
-        await sql`VACUUM ANALYZE txbox.outbox`.execute(bench.db)
-        log(`${kind} #${round}: outbox filled with ${n} messages at ${Math.round(enqueueRate)} msg/s`)
+        const paced = config.rate > 0
+        let enqueueRate = 0
+        if (!paced) {
+          enqueueRate = await produce(kind)
+          await sql`VACUUM ANALYZE txbox.outbox`.execute(bench.db)
+          log(
+            `${kindName(kind)} #${round}: outbox filled with ${n} messages at ${Math.round(enqueueRate)} msg/s`,
+          )
+        }
 
         const analyzed = async () =>
           Number(
@@ -225,10 +260,17 @@ main(() =>
         const before = meter.sample(pids)
         const started = performance.now()
         relay.send("go")
+        let producedAt: number | undefined
+        const producing = paced
+          ? produce(kind).then((rate) => {
+              enqueueRate = rate
+              producedAt = (performance.now() - started) / 1000
+            })
+          : Promise.resolve()
         let relayDone: number | undefined
         let storedDone: number | undefined
         const done = await inbox.waitFor(
-          `${kind}: all ${n} messages handled`,
+          `${kindName(kind)}: all ${n} messages handled`,
           (line) => {
             const at = (performance.now() - started) / 1000
             if (relayDone === undefined && (relay.latest()?.published ?? 0) >= n) relayDone = at
@@ -239,6 +281,7 @@ main(() =>
         )
         const cpu = meter.use(before, meter.sample(pids))
         const seconds = (performance.now() - started) / 1000
+        await producing
         relayDone ??= seconds
 
         // Every message's effect committed exactly once, and each key's in its numbers' order.
@@ -248,7 +291,7 @@ main(() =>
           FROM (SELECT serial, key, seq, row_number() OVER (PARTITION BY key ORDER BY id) AS rn
                 FROM bench.handled) h`.execute(bench.db)
         const c = check.rows[0]!
-        const expectKeyed = kind === "ordered" ? n : 0
+        const expectKeyed = kind.ordered ? n : 0
         if (
           Number(c.rows) !== n ||
           Number(c.serials) !== n ||
@@ -256,8 +299,12 @@ main(() =>
           Number(c.out_of_order) !== 0 ||
           (done.dead ?? 0) > 0
         ) {
+          const counts = await sql<{ outbox: string; inbox: string }>`
+            SELECT (SELECT count(*) FROM txbox.outbox) AS outbox, (SELECT count(*) FROM txbox.inbox) AS inbox`.execute(
+            bench.db,
+          )
           throw new Error(
-            `${kind}: handled rows ${c.rows}, distinct ${c.serials}, keyed ${c.keyed}, out of order ${c.out_of_order}, dead ${done.dead}`,
+            `${kindName(kind)}: outbox ${counts.rows[0]!.outbox}, inbox ${counts.rows[0]!.inbox}, handled rows ${c.rows}, distinct ${c.serials}, keyed ${c.keyed}, out of order ${c.out_of_order}, dead ${done.dead}`,
           )
         }
         const result: Run = {
@@ -266,14 +313,15 @@ main(() =>
           rate: n / seconds,
           seconds,
           relayDone,
-          storedDone: kind === "ordered" ? storedDone : undefined,
+          drain: producedAt === undefined ? undefined : seconds - producedAt,
+          storedDone: kind.ordered ? storedDone : undefined,
           enqueueRate,
           retried: done.retried ?? 0,
           inboxAnalyzed: (await analyzed()) - analyzedBefore,
           cpu,
         }
         log(
-          `${kind} #${round}: ${Math.round(result.rate)} msg/s end to end (${seconds.toFixed(1)} s; relay done at ${relayDone.toFixed(1)} s)`,
+          `${kindName(kind)} #${round}: ${Math.round(result.rate)} msg/s end to end (${seconds.toFixed(1)} s; relay done at ${relayDone.toFixed(1)} s)`,
         )
         return result
       } finally {
@@ -282,9 +330,13 @@ main(() =>
       }
     }
 
+    const kinds: Kind[] = [
+      { ordered: false, keys: 0 },
+      ...config.keys.map((keys) => ({ ordered: true, keys })),
+    ]
     try {
       for (let r = 1; r <= config.rounds; r++) {
-        for (const kind of ["unordered", "ordered"] as const) runs.push(await run(kind, r))
+        for (const kind of kinds) runs.push(await run(kind, r))
       }
 
       const inboxSettings =
@@ -301,7 +353,10 @@ main(() =>
         cores === undefined ? undefined : round((cores / r.rate) * 1e6)
       printTable(
         `Ordered vs unordered end to end, ${n.toLocaleString("en-US")} messages per run ` +
-          `(ordered: ${config.keys.toLocaleString("en-US")} keys × ${n / config.keys} messages, ${config.spread}); ` +
+          (config.rate > 0
+            ? `offered at ${config.rate.toLocaleString("en-US")} msg/s while everything runs `
+            : "from a filled outbox ") +
+          `(ordered: ${config.keys.map((k) => `${k.toLocaleString("en-US")} keys × ${round(n / k, 1)}`).join(", ")} messages per key, ${config.spread}); ` +
           `relay defaults (batch ${config.relay.batchSize} × ${config.relay.workers}, NOTIFY), ` +
           `Inbox idempotent, prefetch ${config.prefetch}, processor ${inboxSettings}; ` +
           `handler inserts one row through the inbox's transaction (CPU in cores, and µs per message)`,
@@ -310,6 +365,7 @@ main(() =>
           "msg/s",
           "seconds",
           "relay done s",
+          "drain s",
           "stored s",
           "enqueue msg/s",
           "inbox analyzed",
@@ -321,10 +377,11 @@ main(() =>
           "total µs/msg",
         ],
         runs.map((r) => [
-          `${r.kind} #${r.round}`,
+          `${kindName(r.kind)} #${r.round}`,
           Math.round(r.rate),
           round(r.seconds, 1),
           round(r.relayDone, 1),
+          r.drain === undefined ? undefined : round(r.drain, 1),
           r.storedDone === undefined ? undefined : round(r.storedDone, 1),
           Math.round(r.enqueueRate),
           r.inboxAnalyzed,
@@ -341,29 +398,28 @@ main(() =>
           ),
         ]),
       )
-      const rateOf = (kind: Kind) => median(runs.filter((r) => r.kind === kind).map((r) => r.rate))
-      const enqueueOf = (kind: Kind) => median(runs.filter((r) => r.kind === kind).map((r) => r.enqueueRate))
-      const unordered = rateOf("unordered")
-      const ordered = rateOf("ordered")
+      const same = (a: Kind, b: Kind) => a.ordered === b.ordered && a.keys === b.keys
+      const rateOf = (kind: Kind) => median(runs.filter((r) => same(r.kind, kind)).map((r) => r.rate))
+      const enqueueOf = (kind: Kind) =>
+        median(runs.filter((r) => same(r.kind, kind)).map((r) => r.enqueueRate))
+      const unordered = kinds[0]!
       printTable(
         `Medians of ${config.rounds} round(s); the goal: ordered ≥ 0.5 × unordered`,
-        ["", "unordered", "ordered", "ordered / unordered"],
-        [
-          ["msg/s end to end", Math.round(unordered), Math.round(ordered), round(ordered / unordered, 2)],
-          [
-            "enqueue msg/s (outbox fill)",
-            Math.round(enqueueOf("unordered")),
-            Math.round(enqueueOf("ordered")),
-            round(enqueueOf("ordered") / enqueueOf("unordered"), 2),
-          ],
-        ],
+        ["", "msg/s end to end", "/ unordered", "enqueue msg/s", "/ unordered"],
+        kinds.map((kind) => [
+          kindName(kind),
+          Math.round(rateOf(kind)),
+          round(rateOf(kind) / rateOf(unordered), 2),
+          Math.round(enqueueOf(kind)),
+          round(enqueueOf(kind) / enqueueOf(unordered), 2),
+        ]),
       )
-      const summary: Record<string, number> = {
-        unordered: round(unordered),
-        ordered: round(ordered),
-        orderedOverUnordered: round(ordered / unordered, 3),
-        unorderedEnqueue: round(enqueueOf("unordered")),
-        orderedEnqueue: round(enqueueOf("ordered")),
+      const summary: Record<string, number> = {}
+      for (const kind of kinds) {
+        const name = kind.ordered ? `ordered${kind.keys}` : "unordered"
+        summary[name] = round(rateOf(kind))
+        summary[`${name}Enqueue`] = round(enqueueOf(kind))
+        if (kind.ordered) summary[`${name}OverUnordered`] = round(rateOf(kind) / rateOf(unordered), 3)
       }
       writeResult("ordered", args, services, { summary, config, results: runs })
     } finally {
