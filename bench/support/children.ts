@@ -32,7 +32,9 @@ export const spawnChild = <L extends { readonly event: string }>(
 ): Child<L> => {
   // BENCH_CPU_PROF=<dir>: each child writes a CPU profile (markdown) there on exit (a diagnosis knob).
   const profile = process.env.BENCH_CPU_PROF
-  const flags = profile ? ["--cpu-prof-md", `--cpu-prof-dir=${profile}`, `--cpu-prof-name=${script}-${Date.now()}.md`] : []
+  const flags = profile
+    ? ["--cpu-prof-md", `--cpu-prof-dir=${profile}`, `--cpu-prof-name=${script}-${Date.now()}.md`]
+    : []
   const child = spawn(process.execPath, [...flags, join(BENCH_DIR, "support", script)], {
     env: { ...process.env, ...env },
     stdio: ["pipe", "pipe", "inherit"],
