@@ -35,10 +35,15 @@ export const spawnChild = <L extends { readonly event: string }>(
   const flags = profile
     ? ["--cpu-prof-md", `--cpu-prof-dir=${profile}`, `--cpu-prof-name=${script}-${Date.now()}.md`]
     : []
-  const child = spawn(process.execPath, [...flags, join(BENCH_DIR, "support", script)], {
-    env: { ...process.env, ...env },
-    stdio: ["pipe", "pipe", "inherit"],
-  })
+  const node = process.env.BENCH_NODE_PROF
+  const child = spawn(
+    node ? join(BENCH_DIR, "..", "node_modules", ".bin", "node") : process.execPath,
+    [...(node ? ["--cpu-prof", `--cpu-prof-dir=${node}`] : flags), join(BENCH_DIR, "support", script)],
+    {
+      env: { ...process.env, ...env },
+      stdio: ["pipe", "pipe", "inherit"],
+    },
+  )
   running.add(child)
   const lines: L[] = []
   let exited: number | null | undefined

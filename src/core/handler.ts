@@ -101,6 +101,29 @@ const processAttributes = (
  * Any failure, defect or timeout becomes `HandlerFailed`, so the message is
  * retried and its transaction rolled back.
  */
+/** What a handler that ran past its bound failed with. */
+export const timedOut = (ms: number): HandlerFailed => new HandlerFailed(`handler timed out after ${ms} ms`)
+
+/**
+ * One timer for a transaction of several handlers, instead of a race per
+ * handler (two fibers and a timer each, on every message): the handlers say
+ * which of them runs (`running.index`, −1 between them), and a transaction that
+ * outlives `ms` fails with `onTimeout` of that index (undefined when none ran:
+ * a statement did not answer).
+ */
+export const watchdog = <A, E, E2>(
+  transaction: (running: { index: number }) => Effect.Effect<A, E>,
+  ms: number,
+  onTimeout: (index: number | undefined) => E2,
+): Effect.Effect<A, E | E2> =>
+  Effect.suspend(() => {
+    const running = { index: -1 }
+    return Effect.timeoutOrElse(Effect.interruptible(transaction(running)), {
+      duration: ms,
+      orElse: () => Effect.fail(onTimeout(running.index >= 0 ? running.index : undefined)),
+    })
+  })
+
 export const runHandler = (
   consumer: string,
   handler: Handler,
@@ -108,15 +131,20 @@ export const runHandler = (
   envelope: Envelope,
   // biome-ignore lint/suspicious/noExplicitAny: the caller's database
   trx: Transaction<any>,
-  timeoutMs: number,
+  /** The handler's own bound; undefined when the caller bounds it (`watchdog`: one timer per transaction). */
+  timeoutMs: number | undefined,
   messaging?: MessagingIdentity,
 ): Effect.Effect<void, HandlerFailed> => {
-  // Interruptible even inside the processor's uninterruptible batch, so the timeout can stop it.
-  const handled = Effect.interruptible(handler.handle({ payload, envelope, trx })).pipe(
-    Effect.timeoutOrElse({
-      duration: timeoutMs,
-      orElse: () => Effect.fail(`handler timed out after ${timeoutMs} ms`),
-    }),
+  // Interruptible even inside the processor's uninterruptible batch, so a timeout can stop it.
+  const interruptible = Effect.interruptible(handler.handle({ payload, envelope, trx }))
+  const handled = (
+    timeoutMs === undefined
+      ? interruptible
+      : Effect.timeoutOrElse(interruptible, {
+          duration: timeoutMs,
+          orElse: () => Effect.fail(timedOut(timeoutMs).error),
+        })
+  ).pipe(
     Effect.catchCause((cause) => Effect.fail(new HandlerFailed(describe(Cause.squash(cause))))),
     (handle) => Metrics.timed(Metrics.handlerDuration, handle),
   )

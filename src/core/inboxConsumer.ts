@@ -30,7 +30,7 @@ import {
   positionOfDelivery,
   tombstoneOf,
 } from "./decodeDelivery.ts"
-import { HandlerFailed, runHandler } from "./handler.ts"
+import { HandlerFailed, runHandler, timedOut, watchdog } from "./handler.ts"
 import { parseKeyRoutes, type RouteBinding, withAfter } from "./keyRoutes.ts"
 import { PARTITION_ROUTES_HEADER } from "./position.ts"
 import { FailedAt, runShared } from "./sharedTransaction.ts"
@@ -102,6 +102,18 @@ const ACK: DeliveryDecision = { _tag: "Ack" }
  * delivery is retried as an outage.
  */
 export const STATEMENTS_MS = 10_000
+
+/**
+ * A shared transaction that outlived its bound (`watchdog`): the handler that
+ * was running failed it, or, when none was, a statement did not answer.
+ */
+export const transactionTimedOut = (
+  index: number | undefined,
+  handlerTimeoutMs: number,
+): FailedAt<HandlerFailed> | StoreError =>
+  index === undefined
+    ? new StoreError({ reason: "connection", operation: "Inbox.transaction", cause: "no answer in time" })
+    : new FailedAt(index, timedOut(handlerTimeoutMs))
 
 /** Deliveries handled in one transaction at most (idempotent mode). */
 const MAX_TOGETHER = 64
@@ -199,34 +211,39 @@ export const makeConsumer = (p: InboxParts) => {
   const handleTogether = (
     items: ReadonlyArray<Ready>,
   ): Effect.Effect<ReadonlyArray<Handled>, FailedAt<HandlerFailed> | StoreError> =>
-    p.store
-      .transaction((tx) =>
-        Effect.gen(function* () {
-          const fresh =
-            items.length === 1
-              ? [yield* tx.insertProcessed(items[0]!.row)]
-              : yield* tx.insertProcessedAll(items.map((item) => item.row))
-          const outcomes: Handled[] = []
-          for (const [i, item] of items.entries()) {
-            if (fresh[i] !== true) {
-              outcomes.push("duplicate")
-              continue
+    watchdog(
+      (running) =>
+        p.store.transaction((tx) =>
+          Effect.gen(function* () {
+            const fresh =
+              items.length === 1
+                ? [yield* tx.insertProcessed(items[0]!.row)]
+                : yield* tx.insertProcessedAll(items.map((item) => item.row))
+            const outcomes: Handled[] = []
+            for (const [i, item] of items.entries()) {
+              if (fresh[i] !== true) {
+                outcomes.push("duplicate")
+                continue
+              }
+              running.index = i
+              yield* runHandler(
+                p.consumer,
+                item.handler,
+                item.payload,
+                item.envelope,
+                tx.trx,
+                undefined,
+                p.messaging,
+              ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
+              running.index = -1
+              outcomes.push("processed")
             }
-            yield* runHandler(
-              p.consumer,
-              item.handler,
-              item.payload,
-              item.envelope,
-              tx.trx,
-              p.handlerTimeoutMs,
-              p.messaging,
-            ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
-            outcomes.push("processed")
-          }
-          return outcomes
-        }),
-      )
-      .pipe(bounded("Inbox.transaction", p.handlerTimeoutMs * items.length + STATEMENTS_MS))
+            return outcomes
+          }),
+        ),
+      p.handlerTimeoutMs * items.length + STATEMENTS_MS,
+      (index) => transactionTimedOut(index, p.handlerTimeoutMs),
+    )
 
   // Deliveries that arrive while every transaction is busy share the next one; what one failing
   // handler does to the others is `sharedTransaction.ts`'s rule.

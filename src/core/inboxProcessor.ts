@@ -11,7 +11,7 @@ import * as Metrics from "../Metrics.ts"
 import type { InboxMark, InboxRow, OrderedDeadPolicy } from "../ports/InboxStore.ts"
 import { bounded } from "./bounded.ts"
 import { type Decoded, decodeDelivery, rowAsDelivery } from "./decodeDelivery.ts"
-import { HandlerFailed, runHandler } from "./handler.ts"
+import { HandlerFailed, runHandler, watchdog } from "./handler.ts"
 import { holdingLease } from "./heartbeat.ts"
 import {
   deadInbox,
@@ -20,6 +20,7 @@ import {
   isOutage,
   retriedInbox,
   STATEMENTS_MS,
+  transactionTimedOut,
 } from "./inboxConsumer.ts"
 import { FailedAt, runShared } from "./sharedTransaction.ts"
 import { permanent, verdictFor } from "./verdict.ts"
@@ -102,37 +103,42 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
     (
       items: ReadonlyArray<Ready>,
     ): Effect.Effect<ReadonlyArray<boolean>, FailedAt<HandlerFailed> | StoreError> =>
-      p.store
-        .transaction((tx) =>
-          Effect.gen(function* () {
-            const attempts = (item: Ready) => item.row.attempts + 1
-            const mine =
-              items.length === 1
-                ? [yield* tx.markProcessed(p.consumer, items[0]!.row.key, token, attempts(items[0]!))]
-                : yield* tx.markProcessedAll(
-                    p.consumer,
-                    token,
-                    items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
-                  )
-            for (const [i, item] of items.entries()) {
-              const decoded = item.decoded
-              if (mine[i] !== true || decoded === undefined) continue
-              // The stored key is already the dedupe key; keep it whatever the contract computes now.
-              const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
-              yield* runHandler(
-                p.consumer,
-                decoded.handler,
-                decoded.payload,
-                envelope,
-                tx.trx,
-                p.handlerTimeoutMs,
-                p.messaging,
-              ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
-            }
-            return mine
-          }),
-        )
-        .pipe(bounded("Inbox.transaction", p.handlerTimeoutMs * items.length + STATEMENTS_MS))
+      watchdog(
+        (running) =>
+          p.store.transaction((tx) =>
+            Effect.gen(function* () {
+              const attempts = (item: Ready) => item.row.attempts + 1
+              const mine =
+                items.length === 1
+                  ? [yield* tx.markProcessed(p.consumer, items[0]!.row.key, token, attempts(items[0]!))]
+                  : yield* tx.markProcessedAll(
+                      p.consumer,
+                      token,
+                      items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
+                    )
+              for (const [i, item] of items.entries()) {
+                const decoded = item.decoded
+                if (mine[i] !== true || decoded === undefined) continue
+                // The stored key is already the dedupe key; keep it whatever the contract computes now.
+                const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
+                running.index = i
+                yield* runHandler(
+                  p.consumer,
+                  decoded.handler,
+                  decoded.payload,
+                  envelope,
+                  tx.trx,
+                  undefined,
+                  p.messaging,
+                ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
+                running.index = -1
+              }
+              return mine
+            }),
+          ),
+        p.handlerTimeoutMs * items.length + STATEMENTS_MS,
+        (index) => transactionTimedOut(index, p.handlerTimeoutMs),
+      )
 
   /**
    * A lane's rows, `size` to a transaction, one transaction after another; a

@@ -304,6 +304,26 @@ describe("dedupe keys", () => {
 })
 
 describe("handler timeout", () => {
+  test("idempotent: a handler stuck in a shared transaction is the one given up on; the others commit once", () =>
+    run(
+      Effect.gen(function* () {
+        // One transaction at a time: #1 holds it for a second, so #2 and #3 share the next one.
+        const inbox = yield* startInbox(
+          (seen) => (seen.n === 1 ? Effect.sleep("1 second") : seen.n === 2 ? Effect.never : Effect.void),
+          { transactions: 1, handlerTimeout: "5 seconds" },
+        )
+        yield* Effect.all([inbox.publish(1), inbox.publish(2), inbox.publish(3)])
+        yield* elapse(200_000, 500)
+        const rows = new Map(inbox.store.rows("c").map((r) => [JSON.parse(r.payload ?? r.raw ?? "{}").n, r]))
+        expect(inbox.runs.filter((r) => r.n === 2).map((r) => r.attempt)).toEqual([1, 1, 2, 3])
+        expect(rows.get(2)).toMatchObject({ status: "dead", attempts: 3 })
+        expect(rows.get(2)?.lastError).toContain("handler timed out after 5000 ms")
+        // #3 ran in the shared transaction (rolled back with it), then once more on its own, which committed.
+        expect(inbox.store.rows("c").filter((r) => r.status === "processed")).toHaveLength(2)
+      }),
+    ))
+
+
   for (const mode of ["idempotent", "store-then-process"] as const) {
     test(`${mode}: a handler that never returns is given up on after handlerTimeout, retried, then dead`, () =>
       run(
