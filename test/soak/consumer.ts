@@ -1,6 +1,7 @@
-// An inbox consumer process for the soak: its handler writes one `effects` row per applied event,
+// An inbox consumer process for the soak: its handlers write one `effects` row per applied event,
 // in the inbox's transaction. Default options, except the hook that makes a lost ack on demand.
-// env: DB_URL, AMQP_URL, EXCHANGE, CONSUMER, DRIVER (unset = default), MODE (idempotent |
+// env: DB_URL, AMQP_URL, EXCHANGE, CONSUMER, TYPES (the event types it handles, comma-separated:
+//   its queue is bound to those only), DRIVER (unset = default), MODE (idempotent |
 //   store-then-process; unset = the library's default, idempotent), LOST_ACK_FRACTION (0..1: the
 //   share of deliveries after whose commit the process SIGKILLs itself, before the ack),
 //   HANDLER_FAILURE_FRACTION (0..1, default 0.05: the share of handler runs that fail and are retried).
@@ -11,9 +12,11 @@ import { AmqpTransport } from "../../src/amqp.ts"
 import { type Delivery, Inbox } from "../../src/index.ts"
 import { PostgresStore } from "../../src/postgres.ts"
 import { announce, logLine, required, runUntilSigterm, storeConfig } from "./child.ts"
-import { OrderPlaced } from "./contract.ts"
+import { CONTRACTS, type SoakType } from "./contract.ts"
 
 const consumer = required("CONSUMER")
+const types = required("TYPES").split(",")
+for (const type of types) if (!(type in CONTRACTS)) throw new Error(`TYPES: unknown event type ${type}`)
 const mode = process.env.MODE
 if (mode !== undefined && mode !== "idempotent" && mode !== "store-then-process") {
   throw new Error(`MODE must be idempotent or store-then-process, got ${mode}`)
@@ -48,20 +51,35 @@ const program = Effect.scoped(
     yield* Inbox.make({
       consumer,
       ...(mode === undefined ? {} : { mode }),
-      handlers: [
-        Inbox.handler(OrderPlaced, ({ payload, envelope, trx }) =>
+      handlers: types.map((type) =>
+        Inbox.handler(CONTRACTS[type as SoakType], ({ payload, envelope, trx }) =>
           Effect.tryPromise(() => {
-            // One line per handler run, so that the report can trace a lost or duplicated message
-            // through the consumers' logs (did a handler ever see it, how often, on which attempt).
-            logLine(`handle ${envelope.id} attempt ${envelope.attempt}`)
-            if (Math.random() < failureFraction) throw new Error("injected handler failure (retried)")
+            // One line per handler run, so that the report can trace a lost, duplicated or late
+            // message through the consumers' logs (did a handler ever see it, how often, on which
+            // attempt, where in its key, and whether this run failed on purpose).
+            const fails = Math.random() < failureFraction
+            const at = envelope.position
+            logLine(
+              `handle ${envelope.id} attempt ${envelope.attempt}` +
+                (at === undefined
+                  ? ""
+                  : ` key ${envelope.partitionKey} seq ${at.seq} after ${at.after ?? "-"}`) +
+                (fails ? " (fails: injected)" : ""),
+            )
+            if (fails) throw new Error("injected handler failure (retried)")
             return trx
               .insertInto("effects")
-              .values({ order_id: payload.orderId, consumer, message_id: envelope.id, pid: process.pid })
+              .values({
+                order_id: payload.orderId,
+                type,
+                consumer,
+                message_id: envelope.id,
+                pid: process.pid,
+              })
               .execute()
           }),
         ),
-      ],
+      ),
       afterCommit,
     })
     // Ready once the queue is declared and bound (or, when the broker is away at start, once its

@@ -1,19 +1,23 @@
-// A producer process for the soak: a loop of business transactions, each writing 1–3 orders and one
-// event per order with `Outbox.enqueue` in the same transaction; a share of them roll back on
-// purpose after writing both. Each event has a partition key, one of KEYS customers, so the soak
-// also checks per-key order. Wired as in the README quickstart (the store's own Kysely).
+// A producer process for the soak: a loop of business transactions, each writing 1–3 orders and
+// their events with `Outbox.enqueue` in the same transaction: an OrderPlaced per order, and an
+// OrderPaid after it for the orders paid at once (`orders.paid`); a share of the transactions roll
+// back on purpose after writing both. Each order has a partition key, one of KEYS customers, which
+// both its events carry, so each key's sequence interleaves the two types and the soak checks
+// per-key order. Wired as in the README quickstart (the store's own Kysely).
 // env: DB_URL, DRIVER (unset = the library's default driver), RATE (transactions per second,
-//   default 25), ROLLBACK_FRACTION (default 0.1), KEYS (default 200), PRODUCER (a name for its log lines)
+//   default 25), ROLLBACK_FRACTION (default 0.1), PAID_FRACTION (share of orders paid, default 0.5),
+//   KEYS (default 200), PRODUCER (a name for its log lines)
 // Prints `progress {json}` every 2 s and `done {json}` after SIGTERM, when it exits 0.
 import { randomUUID } from "node:crypto"
 import { Effect, ManagedRuntime } from "effect"
 import { Database, Outbox } from "../../src/index.ts"
 import { PostgresStore } from "../../src/postgres.ts"
 import { announce, logLine, storeConfig } from "./child.ts"
-import { OrderPlaced } from "./contract.ts"
+import { OrderPaid, OrderPlaced } from "./contract.ts"
 
 const rate = Number(process.env.RATE ?? "25")
 const rollbackFraction = Number(process.env.ROLLBACK_FRACTION ?? "0.1")
+const paidFraction = Number(process.env.PAID_FRACTION ?? "0.5")
 // Distinct partition keys (customers) the orders are spread over.
 const keys = Number(process.env.KEYS ?? "200")
 const name = process.env.PRODUCER ?? "producer"
@@ -46,11 +50,14 @@ while (!stopping) {
     id: randomUUID(),
     // Positive for orders meant to commit, negative for those of a transaction that rolls back.
     n: rollback ? -++rollbacks : ++seq,
+    paid: Math.random() < paidFraction,
+    key: `customer-${Math.floor(Math.random() * keys)}`,
   }))
   stats.transactions++
   try {
     await db.transaction().execute(async (trx) => {
-      for (const order of orders) await trx.insertInto("orders").values(order).execute()
+      for (const order of orders)
+        await trx.insertInto("orders").values({ id: order.id, n: order.n, paid: order.paid }).execute()
       // Each order is a customer's, and a customer's events must be handled in commit order: the
       // partition key. One enqueue call for the transaction's events, so their keys are locked in
       // one sorted pass (see README "Per-key order"). Run under the store's runtime: enqueue writes
@@ -58,11 +65,12 @@ while (!stopping) {
       await runtime.runPromise(
         Outbox.enqueueMany(
           trx,
-          orders.map((order) => ({
-            contract: OrderPlaced,
-            payload: { orderId: order.id, n: order.n },
-            options: { partitionKey: `customer-${Math.floor(Math.random() * keys)}` },
-          })),
+          orders.flatMap((order) => {
+            const payload = { orderId: order.id, n: order.n }
+            const options = { partitionKey: order.key }
+            const placed = { contract: OrderPlaced, payload, options }
+            return order.paid ? [placed, { contract: OrderPaid, payload, options }] : [placed]
+          }),
         ),
       )
       if (rollback) throw new IntendedRollback("rolled back on purpose")

@@ -1,7 +1,14 @@
 /**
  * The soak: real producer, relay and consumer processes against real PostgreSQL and RabbitMQ,
  * faults injected at random while they run, then a verdict counted from the tables alone: every
- * committed order had its effect applied exactly once, and nothing is dead or stuck.
+ * consumer applied exactly once every event of its types it is owed, each key in commit order,
+ * and nothing is dead or stuck.
+ *
+ * The producers key two event types (OrderPlaced, and OrderPaid for half the orders) by customer,
+ * interleaved in each key's sequence. Three consumers (each its own queue): "main" (two processes
+ * sharing its queue) handles both types; "paid-only" handles OrderPaid alone, so its keys' numbers
+ * have gaps it must not wait on; "late" handles both and starts a third into the load, so it is
+ * owed only what was enqueued from its binding on (docs/ordering.md).
  *
  *   bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]
  *     [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout S]
@@ -36,12 +43,16 @@ import { migrate } from "../../src/postgres.ts"
 import { type LocalPostgres, startLocalPostgres } from "../support/postgres.ts"
 import { isAlive, signal as sendSignal, startWatchdog, type Watchdog } from "../support/proc.ts"
 import { type LocalRabbit, startLocalRabbit } from "../support/rabbitmq.ts"
+import { OrderPaid, OrderPlaced } from "./contract.ts"
 import {
+  type ConsumerCounts,
   connections,
   createBusinessTables,
   type Db,
   diagnostics,
   drainProgress,
+  registerConsumers,
+  type SoakConsumer,
   settled,
   suspectMessageIds,
   type TableCounts,
@@ -78,6 +89,14 @@ const LANES: Record<FaultKind, Lane> = {
   consumerKill: "processes",
   lostAck: "processes",
   pgRestart: "processes",
+}
+
+/** A planned fault; `victim`: the process it must hit (else one picked when it lands). */
+interface Planned {
+  readonly at: number
+  readonly kind: FaultKind
+  readonly lane: Lane
+  readonly victim?: Slot
 }
 
 /** Servers the caller started and lets the soak restart (a test's private pair). */
@@ -191,6 +210,10 @@ interface Exited {
 interface Slot {
   readonly role: Role
   readonly name: string
+  /** A consumer process's consumer (its queue, its types). */
+  readonly consumer: SoakConsumer | undefined
+  /** False until the slot's process is due: the late consumer's, until its time in the load. */
+  enabled: boolean
   gen: number
   current: Proc | undefined
   restarting: Promise<void> | undefined
@@ -252,6 +275,38 @@ const PROCESSES = 2
 const STALL_SECONDS = 15
 // Re-published per duplicates fault.
 const DUPLICATES_PER_FAULT = 50
+// When the late consumer starts, as a share of the load phase.
+const LATE_CONSUMER_AT = 1 / 3
+// The share of orders paid at once: an OrderPaid after their OrderPlaced, on the same key.
+const PAID_FRACTION = 0.5
+
+/** The consumers of a run (each its own queue), and how many processes each runs. */
+const consumersOf = (runId: string): Array<SoakConsumer & { readonly processes: number }> => [
+  // Two processes on one queue, competing: the original soak's consumer, now of both types.
+  {
+    consumer: `soak-${runId}`,
+    role: "main",
+    types: [OrderPlaced.type, OrderPaid.type],
+    joinedLate: false,
+    processes: PROCESSES,
+  },
+  // Bound to one of a key's two types: every other number of its keys never reaches it.
+  {
+    consumer: `soak-${runId}-paid`,
+    role: "paid-only",
+    types: [OrderPaid.type],
+    joinedLate: false,
+    processes: 1,
+  },
+  // Deployed a third into the load: the keys already have numbers it never received.
+  {
+    consumer: `soak-${runId}-late`,
+    role: "late",
+    types: [OrderPlaced.type, OrderPaid.type],
+    joinedLate: true,
+    processes: 1,
+  },
+]
 
 interface Servers {
   readonly databaseUrl: string
@@ -348,7 +403,9 @@ class Run {
   readonly servers: Servers
   readonly logDir: string
   readonly exchange: string
+  /** The main consumer's name, which every consumer's name (and queue) of the run begins with. */
   readonly consumer: string
+  readonly consumers: ReadonlyArray<SoakConsumer & { readonly processes: number }>
   readonly say: (line: string) => void
   readonly signal: AbortSignal | undefined
 
@@ -358,7 +415,7 @@ class Run {
     readonly logDir: string
     readonly dbUrl: string
     readonly exchange: string
-    readonly consumer: string
+    readonly consumers: ReadonlyArray<SoakConsumer & { readonly processes: number }>
     readonly say: (line: string) => void
     readonly signal: AbortSignal | undefined
   }) {
@@ -367,7 +424,8 @@ class Run {
     this.servers = servers
     this.logDir = init.logDir
     this.exchange = exchange
-    this.consumer = init.consumer
+    this.consumers = init.consumers
+    this.consumer = init.consumers[0]!.consumer
     this.say = init.say
     this.signal = init.signal
     this.random = prng(cfg.seed)
@@ -394,6 +452,9 @@ class Run {
       "ROLLBACK_FRACTION",
       "PRODUCER",
       "RELAY_WORKERS",
+      "PAID_FRACTION",
+      "CONSUMER",
+      "TYPES",
     ]) {
       delete env[name]
     }
@@ -405,19 +466,30 @@ class Run {
       ...(cfg.driver === undefined ? {} : { DRIVER: cfg.driver }),
       ...(cfg.relayWorkers === undefined ? {} : { RELAY_WORKERS: String(cfg.relayWorkers) }),
     }
-    for (const role of ["consumer", "relay", "producer"] as const) {
-      for (let i = 1; i <= PROCESSES; i++) {
-        this.slots.push({
-          role,
-          name: `${role}-${i}`,
-          gen: 0,
-          current: undefined,
-          restarting: undefined,
-          producerStats: new Map(),
-          lastCommitSeenAt: Date.now(),
-        })
-      }
+    const slot = (role: Role, name: string, consumer?: SoakConsumer): Slot => ({
+      role,
+      name,
+      consumer,
+      enabled: !consumer?.joinedLate,
+      gen: 0,
+      current: undefined,
+      restarting: undefined,
+      producerStats: new Map(),
+      lastCommitSeenAt: Date.now(),
+    })
+    // consumer-1 and consumer-2 are the main consumer's, as before; the others are named by role.
+    for (const c of this.consumers) {
+      for (let i = 1; i <= c.processes; i++)
+        this.slots.push(slot("consumer", c.role === "main" ? `consumer-${i}` : `consumer-${c.role}`, c))
     }
+    for (const role of ["relay", "producer"] as const) {
+      for (let i = 1; i <= PROCESSES; i++) this.slots.push(slot(role, `${role}-${i}`))
+    }
+  }
+
+  /** The late consumer's process slot. */
+  get lateSlot(): Slot {
+    return this.slots.find((s) => s.consumer?.joinedLate)!
   }
 
   /** Seconds since the run started (the timeline's clock). */
@@ -451,14 +523,21 @@ class Run {
     if (slot.role === "consumer") {
       return {
         ...this.env,
-        CONSUMER: this.consumer,
+        CONSUMER: slot.consumer!.consumer,
+        TYPES: slot.consumer!.types.join(","),
         LOST_ACK_FRACTION: String(this.cfg.lostAckFraction),
         // Idempotent is the library's default mode: then MODE stays unset and no option is passed.
         ...(this.cfg.mode === "idempotent" ? {} : { MODE: this.cfg.mode }),
       }
     }
     if (slot.role === "producer") {
-      return { ...this.env, RATE: String(this.cfg.rate), ROLLBACK_FRACTION: "0.1", PRODUCER: slot.name }
+      return {
+        ...this.env,
+        RATE: String(this.cfg.rate),
+        ROLLBACK_FRACTION: "0.1",
+        PAID_FRACTION: String(PAID_FRACTION),
+        PRODUCER: slot.name,
+      }
     }
     return this.env
   }
@@ -606,7 +685,7 @@ class Run {
   }
 
   private wanted(slot: Slot): boolean {
-    return !this.shuttingDown && (slot.role !== "producer" || this.loadRunning)
+    return !this.shuttingDown && slot.enabled && (slot.role !== "producer" || this.loadRunning)
   }
 
   /** Starts the slot's process and waits for its ready line, starting it again until it gets there. */
@@ -634,6 +713,15 @@ class Run {
     }
   }
 
+  private async awaitRunning(slot: Slot): Promise<Slot | undefined> {
+    const deadline = Date.now() + 30_000
+    while (Date.now() < deadline) {
+      if (slot.current?.ready && !slot.current.expected) return slot
+      await sleep(250, this.signal)
+    }
+    return undefined
+  }
+
   private async pickRunning(role: Role): Promise<Slot | undefined> {
     const deadline = Date.now() + 30_000
     while (Date.now() < deadline) {
@@ -650,10 +738,11 @@ class Run {
     if (slot.restarting) await withTimeout(slot.restarting, 90_000)
   }
 
-  private async kill(kind: FaultKind, role: Role): Promise<void> {
-    const slot = await this.pickRunning(role)
+  /** `victim`'s process once it runs (the planned kill of the late consumer), else one picked at random. */
+  private async kill(kind: FaultKind, role: Role, victim?: Slot): Promise<void> {
+    const slot = victim ? await this.awaitRunning(victim) : await this.pickRunning(role)
     const proc = slot?.current
-    if (!slot || !proc) return this.note(`${kind}: no running ${role} for 30 s, not injected`)
+    if (!slot || !proc) return this.note(`${kind}: no running ${victim?.name ?? role} for 30 s, not injected`)
     const began = Date.now()
     proc.expected = true
     sendSignal(proc.pid, "SIGKILL")
@@ -708,13 +797,13 @@ class Run {
     )
   }
 
-  async inject(kind: FaultKind): Promise<void> {
+  async inject(kind: FaultKind, victim?: Slot): Promise<void> {
     const { postgres: pg, rabbit } = this.servers
     switch (kind) {
       case "relayKill":
         return this.kill(kind, "relay")
       case "consumerKill":
-        return this.kill(kind, "consumer")
+        return this.kill(kind, "consumer", victim)
       case "lostAck":
         return this.lostAck()
       case "closeConnections": {
@@ -755,26 +844,50 @@ class Run {
    * minutes), at random times between 10 % and 70 % of the load phase. Two lanes run side by side,
    * each one fault after another: the broker's (rabbitmqctl takes seconds per call, more under
    * load) and the rest. So faults of different lanes can overlap, as they do in production.
+   * Consumer faults pick among the consumer processes running then, the late one included once
+   * started; one more consumerKill is aimed at the late consumer, a few seconds after it starts
+   * (`lateAt`) and before 70 % of the load, so that every run restarts it on its binding.
    */
-  schedule(loadMs: number): Array<{ at: number; kind: FaultKind; lane: Lane }> {
+  schedule(loadMs: number, lateAt: number): Planned[] {
     const perKind = Math.max(1, Math.round((loadMs / 60_000) * 1.2))
-    const events = this.enabledKinds().flatMap((kind) =>
+    const events: Planned[] = this.enabledKinds().flatMap((kind) =>
       Array.from({ length: perKind }, () => ({
         kind,
         lane: LANES[kind],
         at: Math.round(loadMs * (0.1 + 0.6 * this.random())),
       })),
     )
+    const earliest = lateAt + 3000
+    events.push({
+      kind: "consumerKill",
+      lane: LANES.consumerKill,
+      at: Math.round(earliest + Math.max(0, loadMs * 0.7 - earliest) * this.random()),
+      victim: this.lateSlot,
+    })
     return events.sort((a, b) => a.at - b.at)
   }
 
-  async injectAll(plan: ReadonlyArray<{ at: number; kind: FaultKind; lane: Lane }>): Promise<void> {
+  /** Starts the late consumer `lateAt` into the load: from its binding on, it is owed every event of its types. */
+  async startLate(lateAt: number): Promise<void> {
+    const wait = this.loadStartedAt + lateAt - Date.now()
+    if (wait > 0) await sleep(wait, this.signal)
+    const slot = this.lateSlot
+    this.record(
+      "phase",
+      `starting the late consumer ${slot.consumer!.consumer} (${slot.consumer!.types.join(", ")}): ` +
+        "owed what is enqueued from its binding on",
+    )
+    slot.enabled = true
+    await this.ensureRunning(slot)
+  }
+
+  async injectAll(plan: ReadonlyArray<Planned>): Promise<void> {
     const lane = async (name: Lane) => {
-      for (const { at, kind } of plan.filter((p) => p.lane === name)) {
+      for (const { at, kind, victim } of plan.filter((p) => p.lane === name)) {
         const wait = this.loadStartedAt + at - Date.now()
         if (wait > 0) await sleep(wait, this.signal)
         try {
-          await this.inject(kind)
+          await this.inject(kind, victim)
         } catch (error) {
           if (error instanceof Aborted) throw error
           this.note(`${kind} could not be injected: ${message(error)}`)
@@ -974,10 +1087,13 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     }
     serverUrl.pathname = `/${dbName}`
     const dbUrl = serverUrl.toString()
+    const consumers = consumersOf(runId)
     const setup = postgresDb(dbUrl, 2)
     try {
       await Effect.runPromise(migrate(setup))
       await createBusinessTables(setup)
+      // What each consumer is owed is counted from this table: written before any of them starts.
+      await registerConsumers(setup, consumers)
     } finally {
       await setup.destroy()
     }
@@ -989,31 +1105,40 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
       logDir,
       dbUrl,
       exchange: `txbox.soak-${runId}`,
-      consumer: `soak-${runId}`,
+      consumers,
       say,
       signal: options.signal,
     })
     const r = run
-    r.record("phase", `database ${dbName}, exchange ${r.exchange}, consumer ${r.consumer}`)
+    r.record(
+      "phase",
+      `database ${dbName}, exchange ${r.exchange}, consumers ` +
+        consumers.map((c) => `${c.consumer} (${c.role}: ${c.types.join(", ")})`).join(", "),
+    )
     // Consumers first: their queue must be bound before the relays publish (mandatory publishes
-    // to no queue would be returned, retried and finally dead).
-    await Promise.all(r.slots.filter((s) => s.role === "consumer").map((s) => r.ensureRunning(s)))
+    // to no queue would be returned, retried and finally dead). Not the late one: its time comes.
+    await Promise.all(
+      r.slots.filter((s) => s.role === "consumer" && s.enabled).map((s) => r.ensureRunning(s)),
+    )
     await Promise.all(r.slots.filter((s) => s.role === "relay").map((s) => r.ensureRunning(s)))
     r.tap = new Tap(servers.amqpUrl, r.exchange, r.random)
     await r.tap.start()
     r.loadRunning = true
     r.loadStartedAt = Date.now()
     await Promise.all(r.slots.filter((s) => s.role === "producer").map((s) => r.ensureRunning(s)))
-    const plan = r.schedule(loadMs)
+    const lateAt = Math.round(loadMs * LATE_CONSUMER_AT)
+    const plan = r.schedule(loadMs, lateAt)
     r.record(
       "phase",
-      `load: ${loadMs / 1000} s; faults planned (s into the load): ${plan.map((p) => `${p.kind}@${p.at / 1000}`).join(", ")}`,
+      `load: ${loadMs / 1000} s; late consumer at ${lateAt / 1000} s; faults planned (s into the load): ` +
+        plan.map((p) => `${p.kind}${p.victim ? `(${p.victim.name})` : ""}@${p.at / 1000}`).join(", "),
     )
     const skipped = FAULT_KINDS.filter((k) => !r.enabledKinds().includes(k))
     if (skipped.length > 0) r.note(`not injected (the server is not ours to control): ${skipped.join(", ")}`)
 
-    // The load lasts its length, or until the last planned fault is done if that is later.
-    await Promise.all([sleep(loadMs, options.signal), r.injectAll(plan)])
+    // The load lasts its length, or until the last planned fault is done (or the late consumer
+    // is up) if that is later.
+    await Promise.all([sleep(loadMs, options.signal), r.injectAll(plan), r.startLate(lateAt)])
     loadSeconds = Math.round((Date.now() - r.loadStartedAt) / 100) / 10
     r.record("phase", "stopping the producers")
     await r.stopProducers()
@@ -1024,7 +1149,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     // lived through them.
     db = postgresDb(dbUrl, 2)
     const drainStarted = Date.now()
-    r.record("phase", "drain: waiting until every order has its effect and no row is pending")
+    r.record("phase", "drain: waiting until every owed event has its effect and no row is pending")
     let lastReport = 0
     for (;;) {
       const progress = await drainProgress(db)
@@ -1037,7 +1162,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
         lastReport = Date.now()
         r.record(
           "phase",
-          `drain: ${progress.waiting} of ${progress.orders} orders without effect, outbox pending ` +
+          `drain: ${progress.waiting} of ${progress.deliveries} owed events without effect, outbox pending ` +
             `${progress.outboxPending}, inbox pending ${progress.inboxPending}`,
         )
       }
@@ -1056,12 +1181,28 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     const dead = counts.outboxDead + counts.inboxDead
     const stuck = counts.outboxPending + counts.inboxPending
     if (counts.orders === 0) failures.push("no order was committed: the run proved nothing")
-    if (counts.lost > 0) failures.push(`${counts.lost} committed orders lost (no effect)`)
+    const perConsumer = (f: (c: ConsumerCounts) => number) =>
+      counts!.consumers
+        .filter((c) => f(c) > 0)
+        .map((c) => `${c.role} ${f(c)}`)
+        .join(", ")
+    if (counts.lost > 0)
+      failures.push(`${counts.lost} owed events lost (no effect): ${perConsumer((c) => c.lost)}`)
     if (counts.duplicated > 0) {
       failures.push(
-        `${counts.duplicated} orders applied more than once (${counts.extraEffects} extra effects)`,
+        `${counts.duplicated} events applied more than once (${counts.extraEffects} extra effects): ` +
+          perConsumer((c) => c.duplicated),
       )
     }
+    for (const c of counts.consumers) {
+      if (c.effects === 0)
+        failures.push(`consumer ${c.role} applied nothing: the run proved nothing about it`)
+      if (c.boundAt === null) failures.push(`consumer ${c.role} has no binding recorded (inbox_bindings)`)
+      if (c.joinedLate && c.optional === 0)
+        failures.push(`consumer ${c.role} was bound before any order was written: it did not join late`)
+    }
+    if (counts.mixedKeys === 0)
+      failures.push("no partition key carried both event types: the subset consumer proved nothing")
     if (dead > 0) failures.push(`${dead} dead rows (outbox ${counts.outboxDead}, inbox ${counts.inboxDead})`)
     if (stuck > 0)
       failures.push(
@@ -1073,7 +1214,9 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
       )
     }
     if (counts.keysOutOfOrder > 0) {
-      failures.push(`${counts.keysOutOfOrder} partition keys handled out of commit order`)
+      failures.push(
+        `${counts.keysOutOfOrder} partition keys handled out of commit order: ${perConsumer((c) => c.keysOutOfOrder)}`,
+      )
     }
     if (counts.orphanEvents + counts.orphanEffects + counts.ordersWithoutEvent > 0) {
       failures.push(
@@ -1232,6 +1375,8 @@ export function formatReport(r: SoakResult): string {
         `${c.rolledBackOrders + c.rolledBackEvents}, orphans ${c.orphanEvents + c.orphanEffects + c.ordersWithoutEvent}, ` +
         `keys out of order ${c.keysOutOfOrder}`,
     )
+    lines.push(`per consumer (events of its types; keys with both types: ${c.mixedKeys}):`)
+    for (const k of c.consumers) lines.push(`  ${consumerLine(k)}`)
   }
   lines.push(
     `drain ${r.drainSeconds} s${r.drained ? "" : " (NOT drained)"}; crashes ${r.crashes.length}; ` +
@@ -1246,6 +1391,20 @@ export function formatReport(r: SoakResult): string {
   }
   if (r.diagnostics.length > 0) lines.push("diagnostics:", ...r.diagnostics)
   return lines.join("\n")
+}
+
+/** One consumer's figures for the report. */
+function consumerLine(c: ConsumerCounts): string {
+  const types = c.types.map((t) => t.replace(/^soak\./, "")).join("+")
+  return (
+    `${c.role} (${c.consumer}, ${types}${c.joinedLate ? `, joined late, bound ${c.boundAt ?? "never"}` : ""}): ` +
+    `owed ${c.required}` +
+    (c.joinedLate
+      ? `, before its binding ${c.optional} (applied ${c.optionalApplied}, ran late ${c.ranLate})`
+      : "") +
+    `, effects ${c.effects}, lost ${c.lost}, duplicated ${c.duplicated}, keys out of order ${c.keysOutOfOrder}, ` +
+    `inbox pending ${c.inboxPending}, dead ${c.inboxDead}`
+  )
 }
 
 /** The one-line machine-readable verdict the command line prints last. */
@@ -1265,6 +1424,19 @@ export function resultJson(r: SoakResult): string {
     lost: r.counts?.lost ?? null,
     duplicated: r.counts?.duplicated ?? null,
     keysOutOfOrder: r.counts?.keysOutOfOrder ?? null,
+    consumers:
+      r.counts?.consumers.map((c) => ({
+        role: c.role,
+        types: c.types,
+        joinedLate: c.joinedLate,
+        required: c.required,
+        optional: c.optional,
+        optionalApplied: c.optionalApplied,
+        ranLate: c.ranLate,
+        lost: c.lost,
+        duplicated: c.duplicated,
+        keysOutOfOrder: c.keysOutOfOrder,
+      })) ?? null,
     dead: r.dead,
     stuck: r.stuck,
     rolledBackVisible: r.counts ? r.counts.rolledBackOrders + r.counts.rolledBackEvents : null,
