@@ -328,10 +328,11 @@ export const claimQuery = (
   chains = false,
 ): CompiledQuery<ClaimedRow> => {
   const goes = goesNow(passDead)
-  // Without chains the recursive step finds nothing: one statement for both.
-  const maxDepth = chains ? sql<number>`${limit}` : sql.lit(1)
+  // Without chains the recursive step finds nothing: one statement for both. With them, no deeper
+  // than the limit shared out among the heads: the claim takes `limit` rows, shallowest first.
+  const maxDepth = chains ? sql<number>`CEIL(${limit}::numeric / c.heads)` : sql.lit(1)
   return db
-    .withRecursive("chain(message_id, partition_key, partition_epoch, partition_seq, depth)", (qb) =>
+    .withRecursive("chain(message_id, partition_key, partition_epoch, partition_seq, depth, heads)", (qb) =>
       qb
         .selectFrom((heads) =>
           heads
@@ -351,6 +352,7 @@ export const claimQuery = (
           "heads.partition_epoch",
           "heads.partition_seq",
           sql.lit(1).as("depth"),
+          sql<number>`count(*) OVER ()`.as("heads"),
         ])
         .unionAll((next) =>
           next
@@ -371,6 +373,7 @@ export const claimQuery = (
               "n.partition_epoch",
               "n.partition_seq",
               sql<number>`c.depth + 1`.as("depth"),
+              "c.heads",
             ])
             .where("n.consumer", "=", consumer)
             // Spelled as the partial index's predicate (inbox_ordered) too, so the planner uses it.
