@@ -323,7 +323,6 @@ describe("handler timeout", () => {
       }),
     ))
 
-
   for (const mode of ["idempotent", "store-then-process"] as const) {
     test(`${mode}: a handler that never returns is given up on after handlerTimeout, retried, then dead`, () =>
       run(
