@@ -117,7 +117,7 @@ export interface InboxStoreShape {
    * also claims behind an ordered row the rows of its key that wait for it in
    * turn: a claimed ordered row's predecessor is then handled, passed, or
    * claimed in the same batch before it (each key's rows in the order they
-   * must run). The caller then handles a key's claimed rows one after another
+   * must run); up to CHAINED_PER_CLAIM (partitionGate.ts) × `limit` rows in all. The caller then handles a key's claimed rows one after another
    * and stops the key at the first that fails. @default onDead "block", chains false
    */
   readonly claim: (

@@ -36,7 +36,14 @@ import {
 import type { Claim } from "../ports/lease.ts"
 import type { PartitionPosition } from "../ports/Transport.ts"
 import { applyFailure, makeWakeups } from "./memoryLease.ts"
-import { advanced, afterOf, isEarly, onlyDeadBefore, type PartitionCursor } from "./partitionGate.ts"
+import {
+  advanced,
+  afterOf,
+  CHAINED_PER_CLAIM,
+  isEarly,
+  onlyDeadBefore,
+  type PartitionCursor,
+} from "./partitionGate.ts"
 
 /** One inbox row as a test sees it; times are epoch ms of the `Clock`. */
 export interface MemoryInboxRow extends InboxRow {
@@ -279,7 +286,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
           .sort(byDue)
           .slice(0, Math.max(0, limit))
         // Behind each ordered row taken, the rows of its key that wait for it, in turn (as the SQL claim's chains).
-        for (let i = 0; chains && i < due.length && due.length < limit; i++) {
+        for (let i = 0; chains && i < due.length && due.length < limit * CHAINED_PER_CLAIM; i++) {
           const taken = due[i]!
           if (taken.position == null || taken.partitionKey === null) continue
           const next = [...table.entries()].find(

@@ -32,7 +32,7 @@ import {
 } from "../ports/InboxStore.ts"
 import type { Claim } from "../ports/lease.ts"
 import type { TxboxDatabase } from "../ports/tables.ts"
-import { chainOrder } from "./partitionGate.ts"
+import { CHAINED_PER_CLAIM, chainOrder } from "./partitionGate.ts"
 import { prepare } from "./prepared.ts"
 import { affected, cursorForward, now, nowPlusMs, pending } from "./sqlFragments.ts"
 import { withTransaction } from "./transaction.ts"
@@ -311,7 +311,8 @@ const goesNow = (passDead: boolean) => (eb: ExpressionBuilder<InboxScope, "w">) 
 /**
  * Claims up to `limit` rows that may go now and, with `chains`, behind each
  * ordered one the rows of its key that wait for it in turn (its chain: a key
- * with a backlog drains a batch at a time, not a row per claim). `chain_depth` is 1 for a row
+ * with a backlog drains a batch at a time, not a row per claim), up to
+ * CHAINED_PER_CLAIM × `limit` rows in all. `chain_depth` is 1 for a row
  * that may go now, n + 1 for one that waits for a claimed row at depth n; the
  * rows are taken by depth, so a row is only ever claimed with the rows it waits
  * for — except when SKIP LOCKED passed one of those, which `claim` hands back.
@@ -330,7 +331,8 @@ export const claimQuery = (
   const goes = goesNow(passDead)
   // Without chains the recursive step finds nothing: one statement for both. With them, no deeper
   // than the limit shared out among the heads: the claim takes `limit` rows, shallowest first.
-  const maxDepth = chains ? sql<number>`CEIL(${limit}::numeric / c.heads)` : sql.lit(1)
+  const total = chains ? sql<number>`${limit} * ${sql.lit(CHAINED_PER_CLAIM)}` : sql<number>`${limit}`
+  const maxDepth = chains ? sql<number>`CEIL(${total}::numeric / c.heads)` : sql.lit(1)
   return db
     .withRecursive("chain(message_id, partition_key, partition_epoch, partition_seq, depth, heads)", (qb) =>
       qb
@@ -357,15 +359,30 @@ export const claimQuery = (
         .unionAll((next) =>
           next
             .selectFrom("chain as c")
-            .innerJoin("inbox as n", (join) =>
-              join
-                .onRef("n.partition_key", "=", "c.partition_key")
-                .onRef("n.partition_epoch", "=", "c.partition_epoch")
-                .on(
-                  sql<string>`COALESCE(n.partition_after, n.partition_seq - 1)`,
-                  "=",
-                  sql.ref("c.partition_seq"),
-                ),
+            // The key's next row after c (one index probe: inbox_ordered), if it waits for c.
+            .innerJoinLateral(
+              (eb) =>
+                eb
+                  .selectFrom("inbox as n")
+                  .select([
+                    "n.message_id",
+                    "n.partition_key",
+                    "n.partition_epoch",
+                    "n.partition_seq",
+                    "n.partition_after",
+                    "n.visible_at",
+                    "n.status",
+                  ])
+                  .where("n.consumer", "=", consumer)
+                  .whereRef("n.partition_key", "=", "c.partition_key")
+                  .whereRef("n.partition_epoch", "=", "c.partition_epoch")
+                  .whereRef("n.partition_seq", ">", "c.partition_seq")
+                  // Spelled as the partial index's predicate (inbox_ordered), so the planner uses it.
+                  .where("n.status", "<>", sql.lit("processed"))
+                  .orderBy("n.partition_seq")
+                  .limit(sql.lit(1))
+                  .as("n"),
+              (join) => join.onTrue(),
             )
             .select([
               "n.message_id",
@@ -375,10 +392,7 @@ export const claimQuery = (
               sql<number>`c.depth + 1`.as("depth"),
               "c.heads",
             ])
-            .where("n.consumer", "=", consumer)
-            // Spelled as the partial index's predicate (inbox_ordered) too, so the planner uses it.
-            .where("n.partition_seq", "is not", null)
-            .where("n.status", "<>", sql.lit("processed"))
+            .where(sql<boolean>`COALESCE(n.partition_after, n.partition_seq - 1) = c.partition_seq`)
             .where("n.status", "=", pending)
             .where("n.visible_at", "<=", now)
             .where("c.depth", "<", maxDepth),
@@ -404,7 +418,7 @@ export const claimQuery = (
         .where("w.visible_at", "<=", now)
         .orderBy("c.depth")
         .orderBy("w.visible_at")
-        .limit(limit)
+        .limit(total)
         .forUpdate(["w"])
         .skipLocked(),
     )

@@ -25,6 +25,7 @@ import {
 } from "../../src/ports/InboxStore.ts"
 import type { Verdict } from "../../src/ports/lease.ts"
 import { OutboxStore, type OutboxStoreShape } from "../../src/ports/OutboxStore.ts"
+import { CHAINED_PER_CLAIM } from "../../src/storage/partitionGate.ts"
 
 // ---------------------------------------------------------------------------------------------
 // Harnesses
@@ -734,9 +735,13 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       expect(await claimChains()).toMatchObject({ keys: [] })
     })
 
-    test("a claim with chains stops at its limit with each taken row's predecessor taken before it", async () => {
-      await store((s) => s.insertPending([1, 2, 3, 4, 5].map((n) => ordered(`a${n}`, "A", n))))
-      expect((await claimChains(3)).keys).toEqual(["a1", "a2", "a3"])
+    test("a claim with chains takes up to CHAINED_PER_CLAIM × its limit, each row after its predecessor", async () => {
+      const n = 2 * CHAINED_PER_CLAIM + 5
+      await store((s) =>
+        s.insertPending(Array.from({ length: n }, (_, i) => ordered(`a${i + 1}`, "A", i + 1))),
+      )
+      const keys = (await claimChains(2)).keys
+      expect(keys).toEqual(Array.from({ length: 2 * CHAINED_PER_CLAIM }, (_, i) => `a${i + 1}`))
     })
 
     test("a claim with chains does not take a row whose predecessor another claim holds", async () => {
