@@ -67,9 +67,9 @@ export interface InboxConfig {
   /**
    * A handler still running after this long counts as failed (retried, then
    * dead): its transaction is rolled back and its connection freed. The
-   * processor's claim is kept alive meanwhile. One timer per transaction: n
-   * handlers sharing one get n × this + 10 s together, and the one running
-   * then is blamed. @default "30 seconds"
+   * processor's claim is kept alive meanwhile. One watchdog per transaction
+   * holds each of its handlers to this (noticed within a quarter of it, or of
+   * 10 s when shorter). @default "30 seconds"
    */
   readonly handlerTimeout?: Duration.Input
   /**

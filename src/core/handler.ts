@@ -104,24 +104,49 @@ const processAttributes = (
 /** What a handler that ran past its bound failed with. */
 export const timedOut = (ms: number): HandlerFailed => new HandlerFailed(`handler timed out after ${ms} ms`)
 
+/** Where a transaction watched by `watchdog` is: which handler runs (−1: none), since when (clock ms). */
+export interface Running {
+  index: number
+  since: number
+}
+
+/** Marks handler `index` as running from now (−1: between handlers, a statement's turn). */
+export const nowRunning = (running: Running, index: number): Effect.Effect<void> =>
+  Effect.clockWith((clock) =>
+    Effect.sync(() => {
+      running.index = index
+      running.since = clock.currentTimeMillisUnsafe()
+    }),
+  )
+
 /**
- * One timer for a transaction of several handlers, instead of a race per
+ * One watchdog for a transaction of several handlers, instead of a race per
  * handler (two fibers and a timer each, on every message): the handlers say
- * which of them runs (`running.index`, −1 between them), and a transaction that
- * outlives `ms` fails with `onTimeout` of that index (undefined when none ran:
- * a statement did not answer).
+ * which of them runs (`nowRunning`), and a handler running longer than
+ * `handlerMs` — or a statement between them taking longer than `statementsMs` —
+ * fails the transaction with `onTimeout` of that handler's index (undefined for
+ * a statement that did not answer). It looks every quarter of the shorter
+ * bound (a handler that started meanwhile has a deadline of its own), so a
+ * deadline is noticed at most that late, and a transaction that ends before
+ * the first look costs one timer.
  */
 export const watchdog = <A, E, E2>(
-  transaction: (running: { index: number }) => Effect.Effect<A, E>,
-  ms: number,
+  transaction: (running: Running) => Effect.Effect<A, E>,
+  handlerMs: number,
+  statementsMs: number,
   onTimeout: (index: number | undefined) => E2,
 ): Effect.Effect<A, E | E2> =>
-  Effect.suspend(() => {
-    const running = { index: -1 }
-    return Effect.timeoutOrElse(Effect.interruptible(transaction(running)), {
-      duration: ms,
-      orElse: () => Effect.fail(onTimeout(running.index >= 0 ? running.index : undefined)),
+  Effect.clockWith((clock) => {
+    const running: Running = { index: -1, since: clock.currentTimeMillisUnsafe() }
+    const look = Math.max(1, Math.min(handlerMs, statementsMs) / 4)
+    const guard: Effect.Effect<never, E2> = Effect.suspend(() => {
+      const limit = running.index >= 0 ? handlerMs : statementsMs
+      const left = running.since + limit - clock.currentTimeMillisUnsafe()
+      return left <= 0
+        ? Effect.fail(onTimeout(running.index >= 0 ? running.index : undefined))
+        : Effect.flatMap(Effect.sleep(Math.min(left, look)), () => guard)
     })
+    return Effect.raceFirst(Effect.interruptible(transaction(running)), Effect.interruptible(guard))
   })
 
 export const runHandler = (

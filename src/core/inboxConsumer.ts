@@ -30,7 +30,7 @@ import {
   positionOfDelivery,
   tombstoneOf,
 } from "./decodeDelivery.ts"
-import { HandlerFailed, runHandler, timedOut, watchdog } from "./handler.ts"
+import { HandlerFailed, nowRunning, runHandler, timedOut, watchdog } from "./handler.ts"
 import { parseKeyRoutes, type RouteBinding, withAfter } from "./keyRoutes.ts"
 import { PARTITION_ROUTES_HEADER } from "./position.ts"
 import { FailedAt, runShared } from "./sharedTransaction.ts"
@@ -225,7 +225,7 @@ export const makeConsumer = (p: InboxParts) => {
                 outcomes.push("duplicate")
                 continue
               }
-              running.index = i
+              yield* nowRunning(running, i)
               yield* runHandler(
                 p.consumer,
                 item.handler,
@@ -235,13 +235,14 @@ export const makeConsumer = (p: InboxParts) => {
                 undefined,
                 p.messaging,
               ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
-              running.index = -1
+              yield* nowRunning(running, -1)
               outcomes.push("processed")
             }
             return outcomes
           }),
         ),
-      p.handlerTimeoutMs * items.length + STATEMENTS_MS,
+      p.handlerTimeoutMs,
+      STATEMENTS_MS,
       (index) => transactionTimedOut(index, p.handlerTimeoutMs),
     )
 

@@ -11,7 +11,7 @@ import * as Metrics from "../Metrics.ts"
 import type { InboxMark, InboxRow, OrderedDeadPolicy } from "../ports/InboxStore.ts"
 import { bounded } from "./bounded.ts"
 import { type Decoded, decodeDelivery, rowAsDelivery } from "./decodeDelivery.ts"
-import { HandlerFailed, runHandler, watchdog } from "./handler.ts"
+import { HandlerFailed, nowRunning, runHandler, watchdog } from "./handler.ts"
 import { holdingLease } from "./heartbeat.ts"
 import {
   deadInbox,
@@ -121,7 +121,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
                 if (mine[i] !== true || decoded === undefined) continue
                 // The stored key is already the dedupe key; keep it whatever the contract computes now.
                 const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
-                running.index = i
+                yield* nowRunning(running, i)
                 yield* runHandler(
                   p.consumer,
                   decoded.handler,
@@ -131,12 +131,13 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
                   undefined,
                   p.messaging,
                 ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
-                running.index = -1
+                yield* nowRunning(running, -1)
               }
               return mine
             }),
           ),
-        p.handlerTimeoutMs * items.length + STATEMENTS_MS,
+        p.handlerTimeoutMs,
+        STATEMENTS_MS,
         (index) => transactionTimedOut(index, p.handlerTimeoutMs),
       )
 
@@ -192,10 +193,9 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
 
   return Effect.gen(function* () {
     advancedKeys = 0
-    const claimed = yield* Effect.suspend(() =>
+    const { token, rows } = yield* Effect.suspend(() =>
       p.store.claim(p.consumer, s.batchSize, s.leaseMs, s.onOrderedDead, true),
     ).pipe(bounded("Inbox.claim", STATEMENTS_MS))
-    const { token, rows } = claimed
     if (rows.length === 0) return 0
     const ordered = new Set(rows.filter((r) => r.position != null).map((r) => r.key))
     const marks: InboxMark[] = []
