@@ -690,8 +690,9 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
       for (const key of keys) expect(await markProcessed(key, next.token, 1)).toBe(true)
     }
 
-    test("ordered rows are claimed one per key, in number order, whatever order they were stored in", async () => {
-      await store((s) =>
+    /** Keys A (1–3) and B (1–2) stored out of order, an unordered row among them, and `extra`. */
+    const storeShuffled = (extra: ReadonlyArray<InboxRow> = []) =>
+      store((s) =>
         s.insertPending([
           ordered("a3", "A", 3),
           ordered("b2", "B", 2),
@@ -699,8 +700,12 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
           inboxRow("u"),
           ordered("b1", "B", 1),
           ordered("a2", "A", 2),
+          ...extra,
         ]),
       )
+
+    test("ordered rows are claimed one per key, in number order, whatever order they were stored in", async () => {
+      await storeShuffled()
       await processNext(["a1", "b1", "u"])
       await processNext(["a2", "b2"])
       await processNext(["a3"])
@@ -713,18 +718,8 @@ export const inboxStoreContract = (name: string, setup: () => Promise<InboxHarne
     }
 
     test("a claim with chains takes each key's backlog behind its head, in the order it must run", async () => {
-      await store((s) =>
-        s.insertPending([
-          ordered("a3", "A", 3),
-          ordered("b2", "B", 2),
-          ordered("a1", "A", 1),
-          inboxRow("u"),
-          ordered("b1", "B", 1),
-          ordered("a2", "A", 2),
-          // Waits for #4, which is missing: never taken behind a3.
-          ordered("a5", "A", 5),
-        ]),
-      )
+      // a5 waits for #4, which is missing: never taken behind a3.
+      await storeShuffled([ordered("a5", "A", 5)])
       const { token, keys } = await claimChains()
       expect(sorted(keys)).toEqual(["a1", "a2", "a3", "b1", "b2", "u"])
       const position = (key: string) => keys.indexOf(key)
