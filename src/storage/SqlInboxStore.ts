@@ -34,7 +34,7 @@ import type { Claim } from "../ports/lease.ts"
 import type { TxboxDatabase } from "../ports/tables.ts"
 import { CHAINED_PER_CLAIM, chainOrder } from "./partitionGate.ts"
 import { prepare } from "./prepared.ts"
-import { affected, cursorForward, now, nowPlusMs, pending } from "./sqlFragments.ts"
+import { affected, cursorForward, now, nowPlusMs, pending, pendingOfKey, waitsForOf } from "./sqlFragments.ts"
 import { withTransaction } from "./transaction.ts"
 
 /** An inbox row as the database returns it, and as rows travel in the batch inserts' JSON parameter. */
@@ -254,15 +254,13 @@ export const insertRowsQuery = (
  * late, not early. Never guesses past a missing number.
  */
 type InboxScope = TxboxDatabase & { readonly w: TxboxDatabase["inbox"] }
-const afterOf = (eb: ExpressionBuilder<InboxScope, "w">) =>
-  eb.fn.coalesce("w.partition_after", sql<string>`w.partition_seq - 1`)
 const notEarly = (eb: ExpressionBuilder<InboxScope, "w">) => {
   const cursor = eb
     .selectFrom("inbox_cursors as c")
     .select(sql.lit(1).as("one"))
     .whereRef("c.consumer", "=", "w.consumer")
     .whereRef("c.partition_key", "=", "w.partition_key")
-  const after = afterOf(eb)
+  const after = waitsForOf("w")
   return eb.or([
     eb("w.partition_seq", "is", null),
     eb.exists(
@@ -298,7 +296,7 @@ const onlyDeadBefore = (eb: ExpressionBuilder<InboxScope, "w">) =>
       .whereRef("d.consumer", "=", "w.consumer")
       .whereRef("d.partition_key", "=", "w.partition_key")
       .whereRef("d.partition_epoch", "=", "w.partition_epoch")
-      .where("d.partition_seq", "=", afterOf(eb))
+      .where("d.partition_seq", "=", waitsForOf("w"))
       // Spelled as the partial index's predicate too, so the planner uses it.
       .where("d.status", "<>", sql.lit("processed"))
       .where("d.status", "=", sql.lit("dead")),
@@ -392,7 +390,7 @@ export const claimQuery = (
               sql<number>`c.depth + 1`.as("depth"),
               "c.heads",
             ])
-            .where(sql<boolean>`COALESCE(n.partition_after, n.partition_seq - 1) = c.partition_seq`)
+            .where(sql<boolean>`${waitsForOf("n")} = c.partition_seq`)
             .where("n.status", "=", pending)
             .where("n.visible_at", "<=", now)
             .where("c.depth", "<", maxDepth),
@@ -530,16 +528,11 @@ export const parkQuery = (
             exists(
               selectFrom("inbox as h")
                 .select(sql.lit(1).as("one"))
-                .whereRef("h.consumer", "=", "w.consumer")
-                .whereRef("h.partition_key", "=", "w.partition_key")
-                .whereRef("h.partition_epoch", "=", "w.partition_epoch")
-                .where("h.partition_seq", "is not", null)
-                .where("h.status", "<>", sql.lit("processed"))
-                .where("h.status", "=", pending)
+                .where(pendingOfKey("h", "w"))
                 .where("h.visible_at", "<>", PARKED)
                 .where((eb) =>
                   eb(
-                    sql<string>`COALESCE(h.partition_after, h.partition_seq - 1)`,
+                    waitsForOf("h"),
                     "<=",
                     eb.fn.coalesce(
                       eb
@@ -655,14 +648,9 @@ const unparkAfter = (qb: QueryCreator<any>) =>
     .updateTable("inbox as u")
     .set({ visible_at: now })
     .from("m")
-    .whereRef("u.consumer", "=", "m.consumer")
-    .whereRef("u.partition_key", "=", "m.partition_key")
-    .whereRef("u.partition_epoch", "=", "m.partition_epoch")
-    .where("u.partition_seq", "is not", null)
-    .where("u.status", "<>", sql.lit("processed"))
-    .where("u.status", "=", pending)
+    .where(pendingOfKey("u", "m"))
     .where("u.visible_at", "=", PARKED)
-    .where(sql<boolean>`COALESCE(u.partition_after, u.partition_seq - 1) <= m.partition_seq`)
+    .where(sql<boolean>`${waitsForOf("u")} <= m.partition_seq`)
 
 /** Marks a claimed row processed inside the handler's transaction, so the effect and the mark commit together. */
 export const markProcessedQuery = (

@@ -24,7 +24,7 @@ import type { StoreError } from "../Errors.ts"
 import type { DatabaseShape } from "../ports/Database.ts"
 import type { InboxStatus, OutboxStatus as OutboxRowStatus, TxboxDatabase } from "../ports/tables.ts"
 import { afterOf, isEarly, isNext } from "./partitionGate.ts"
-import { cursorForward } from "./sqlFragments.ts"
+import { cursorForward, waitsForOf } from "./sqlFragments.ts"
 
 const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
   Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(
@@ -268,7 +268,7 @@ export const waitingKeys = (
                 .whereRef("d.partition_key", "=", "i.partition_key")
                 .whereRef("d.partition_epoch", "=", "i.partition_epoch")
                 .where("d.status", "=", "dead")
-                .where("d.partition_seq", "=", sql<string>`COALESCE(i.partition_after, i.partition_seq - 1)`),
+                .where("d.partition_seq", "=", waitsForOf("i")),
             ),
           ])
           .as("passes_dead_before"),

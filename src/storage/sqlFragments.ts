@@ -21,6 +21,25 @@ export const now = sql<Date>`now()`
  */
 export const pending = sql.lit("pending" as const)
 
+/**
+ * The inbox row aliased `row` is an ordered row still to handle of the key of
+ * the row aliased `of` (same consumer, key and epoch), spelled with the
+ * partial index's predicate (`inbox_ordered`: `partition_seq IS NOT NULL AND
+ * status <> 'processed'`) so the planner uses it.
+ */
+export const pendingOfKey = (row: string, of: string) => {
+  const col = (alias: string, name: string) => sql.ref(`${alias}.${name}`)
+  return sql<boolean>`${col(row, "consumer")} = ${col(of, "consumer")}
+    AND ${col(row, "partition_key")} = ${col(of, "partition_key")}
+    AND ${col(row, "partition_epoch")} = ${col(of, "partition_epoch")}
+    AND ${col(row, "partition_seq")} IS NOT NULL
+    AND ${col(row, "status")} <> 'processed' AND ${col(row, "status")} = ${pending}`
+}
+
+/** What the inbox row aliased `row` waits for: its `partition_after`, or for a row that does not say, the number before it. */
+export const waitsForOf = (row: string) =>
+  sql<string>`COALESCE(${sql.ref(`${row}.partition_after`)}, ${sql.ref(`${row}.partition_seq`)} - 1)`
+
 /** Rows an UPDATE or DELETE changed. */
 export const affected = (result: { readonly numAffectedRows?: bigint }): number =>
   Number(result.numAffectedRows ?? 0n)
