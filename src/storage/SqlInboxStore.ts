@@ -982,7 +982,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
           db.executeQuery(statement({ rows: storedRows(rows) })).then((r) => r.rows.length),
         )
 
-  const claim = Effect.fn("InboxStore.claim")(function* (
+  const claim = Effect.fnUntraced(function* (
     consumer: string,
     limit: number,
     leaseMs: number,

@@ -280,7 +280,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     return db.executeQuery(q.release({ token })).then(affected)
   }
 
-  const claim = Effect.fn("OutboxStore.claim")(function* (limit: number, leaseMs: number) {
+  const claim = Effect.fnUntraced(function* (limit: number, leaseMs: number) {
     const token = uuidv7()
     const rows = yield* tryStore("OutboxStore.claim", (signal) => {
       const claimed = db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => r.rows)
