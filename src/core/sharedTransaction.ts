@@ -3,12 +3,13 @@
  * them fails it. The transaction commits or rolls back as a whole, so the
  * others must not pay for the failing one beyond their batch:
  *
- * - a handler failed it: the messages before it (whose handlers just ran
- *   well) commit together, it runs alone (its failure is then its own, or
- *   not), and those after it (not run yet) are a new shared batch;
- * - a batch of those that ran well fails again, or nobody in particular
- *   failed it (a value the database refuses, a commit refused): each runs
- *   alone;
+ * - a handler failed it: its failure is its attempt (it does not run again
+ *   alone: a failing handler runs once per attempt, so at most `maxAttempts`
+ *   times), the messages before it (whose handlers just ran well) share a new
+ *   transaction, and so do those after it (not run yet); either may split
+ *   again the same way;
+ * - nobody in particular failed it (a value the database refuses, a commit
+ *   refused): each runs alone;
  * - our database is away: every message gets the outage as it is.
  *
  * A handler of a rolled-back batch runs again: its writes through the
@@ -51,55 +52,53 @@ export const runShared = <I, O, E>(
   /** Each item alone; with chains, in order, and none after its chain failed. */
   const alone = (items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Result>> => {
     if (chains === undefined)
-      return Effect.forEach(items, (item) => run([item], false), { concurrency: "unbounded" }).pipe(
+      return Effect.forEach(items, (item) => run([item]), { concurrency: "unbounded" }).pipe(
         Effect.map((results) => results.flat()),
       )
     const failed: I[] = []
     return Effect.forEach(items, (item) =>
       failed.some((f) => chains.same(f, item))
         ? Effect.succeed(heldBack!)
-        : Effect.map(run([item], false), ([result]) => {
+        : Effect.map(run([item]), ([result]) => {
             if (!result!.ok) failed.push(item)
             return result!
           }),
     )
   }
-  const run = (items: ReadonlyArray<I>, shareAgain: boolean): Effect.Effect<ReadonlyArray<Result>> =>
+  const run = (items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Result>> =>
     together(items).pipe(
       Effect.map((outputs) => outputs.map((value): Result => ({ ok: true, value }))),
       Effect.catch((failure): Effect.Effect<ReadonlyArray<Result>> => {
         const error = failure instanceof FailedAt ? (failure.error as E) : (failure as E)
         if (items.length === 1 || (!(failure instanceof FailedAt) && isOutage(error)))
           return Effect.succeed(items.map((): Result => ({ ok: false, error })))
-        if (!(failure instanceof FailedAt) || !shareAgain) return alone(items)
+        if (!(failure instanceof FailedAt)) return alone(items)
         const at = failure.index
         const failing = items[at]!
+        const own: Result = { ok: false, error }
         if (chains === undefined)
           return Effect.all(
             [
-              at === 0 ? Effect.succeed([]) : run(items.slice(0, at), false),
-              run([failing], false),
-              at + 1 === items.length ? Effect.succeed([]) : run(items.slice(at + 1), true),
+              at === 0 ? Effect.succeed([]) : run(items.slice(0, at)),
+              Effect.succeed([own]),
+              at + 1 === items.length ? Effect.succeed([]) : run(items.slice(at + 1)),
             ],
             { concurrency: "unbounded" },
           ).pipe(Effect.map((results) => results.flat()))
         // In order. After the failing item its chain's items wait for it (handed back), and so do
-        // those of any chain that failed before it (the failing item too: the items before it ran
-        // again, and one of its chain may fail this time); the others share a batch again.
+        // those of any chain that failed before it (the items before it ran again, and one may
+        // fail this time); the others share a batch again.
         return Effect.gen(function* () {
-          const before = at === 0 ? [] : yield* run(items.slice(0, at), false)
+          const before = at === 0 ? [] : yield* run(items.slice(0, at))
           const failed = [failing, ...items.slice(0, at).filter((_, i) => !before[i]!.ok)]
-          const [alone] = failed.slice(1).some((f) => chains.same(f, failing))
-            ? [heldBack!]
-            : yield* run([failing], false)
           const after = items.slice(at + 1)
           const holds = after.map((item) => failed.some((f) => chains.same(f, item)))
           const rest = after.filter((_, i) => !holds[i])
-          const others = rest.length === 0 ? [] : yield* run(rest, true)
+          const others = rest.length === 0 ? [] : yield* run(rest)
           let next = 0
-          return [...before, alone!, ...holds.map((held) => (held ? heldBack! : others[next++]!))]
+          return [...before, own, ...holds.map((held) => (held ? heldBack! : others[next++]!))]
         })
       }),
     )
-  return run(items, true)
+  return run(items)
 }
