@@ -19,7 +19,7 @@ export const base64Of = (bytes: Uint8Array): string => {
   return BASE64_PREFIX + btoa(binary)
 }
 
-const storableText = (text: string): boolean => !text.includes("\u0000")
+const storableText = (text: string): boolean => !text.includes("\u0000") && text.isWellFormed()
 
 /** Header names and values as PostgreSQL can store them: any NUL-bearing one as base64. */
 export const storableHeaders = (
@@ -54,9 +54,15 @@ export const storableBody = (text: string, bytes: Uint8Array | undefined): strin
   return storableText(text) ? text : base64Of(bytes ?? utf8.encode(text))
 }
 
-/** A NUL in a name or a message for people: shown as the escape `\u0000`, which PostgreSQL stores. */
-const visible = (text: string | null): string | null =>
-  text === null ? null : text.replaceAll("\u0000", "\\u0000")
+/**
+ * A name or a message for people as PostgreSQL stores it: a NUL shown as the
+ * escape `\u0000`, a lone UTF-16 surrogate (half a character, which no UTF-8
+ * column takes) as U+FFFD. Error text may quote anything a handler saw.
+ */
+export const storableMessage = (text: string | null): string | null =>
+  text === null || storableText(text) ? text : text.replaceAll("\u0000", "\\u0000").toWellFormed()
+
+const visible = storableMessage
 
 /**
  * An inbox row as PostgreSQL can store it, whatever a foreign producer sent:

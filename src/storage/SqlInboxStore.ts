@@ -20,6 +20,7 @@ import {
 } from "kysely"
 import { tryStore } from "../core/dbErrors.ts"
 import { standInsFor } from "../core/standIn.ts"
+import { storableMessage } from "../core/storable.ts"
 import { uuidv7 } from "../core/uuid.ts"
 import { Database, notifyChannel } from "../ports/Database.ts"
 import {
@@ -782,9 +783,9 @@ export const markFailures = (marks: ReadonlyArray<InboxMark>): string =>
               status: "pending",
               delay_ms: verdict.delayMs,
               inc: verdict.spendsAttempt ? 1 : 0,
-              error: verdict.error,
+              error: storableMessage(verdict.error),
             }
-          : { id: key, status: "dead", delay_ms: 0, inc: 1, error: verdict.error },
+          : { id: key, status: "dead", delay_ms: 0, inc: 1, error: storableMessage(verdict.error) },
     ),
   )
 

@@ -19,6 +19,7 @@
 import { Effect, Layer } from "effect"
 import { type CompiledQuery, createQueryId, type Kysely, sql } from "kysely"
 import { tryStore } from "../core/dbErrors.ts"
+import { storableMessage } from "../core/storable.ts"
 import { uuidv7 } from "../core/uuid.ts"
 import { Database, notifyChannel } from "../ports/Database.ts"
 import type { Claim } from "../ports/lease.ts"
@@ -119,9 +120,9 @@ export const markVerdicts = (marks: ReadonlyArray<OutboxMark>): string =>
                 status: "pending",
                 delay_ms: verdict.delayMs,
                 inc: verdict.spendsAttempt ? 1 : 0,
-                error: verdict.error,
+                error: storableMessage(verdict.error),
               }
-            : { id, status: "dead", delay_ms: 0, inc: 1, error: verdict.error },
+            : { id, status: "dead", delay_ms: 0, inc: 1, error: storableMessage(verdict.error) },
     ),
   )
 

@@ -433,6 +433,40 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
         await runtime.dispose()
       }
     })
+
+    test("a handler whose error text holds a NUL and half a character: retried, then dead, the text stored", async () => {
+      const exchange = uniqueName(`inbox-errtext-${mode}`)
+      const consumer = uniqueName(`errtext-${mode}`)
+      const runtime = ManagedRuntime.make(
+        Inbox.layer({
+          consumer,
+          mode,
+          pollInterval: "100 millis",
+          retry: { initialDelay: "100 millis", maxDelay: "300 millis", maxAttempts: 3 },
+          handlers: [
+            Inbox.handler(Note, () => Effect.fail(new Error("bad\u0000byte, half \ud800 a character"))),
+          ],
+        }).pipe(
+          Layer.provide(
+            Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+          ),
+        ),
+      )
+      await runtime.runPromise(Effect.void)
+      try {
+        const message = note("fine payload")
+        await publish(exchange, [message])
+        await eventually(
+          "dead after 3 attempts",
+          async () => (await inboxRow(consumer, message.id))?.status === "dead",
+        )
+        const row = await inboxRow(consumer, message.id)
+        expect(row?.attempts).toBe(3)
+        expect(row?.last_error).toContain("bad\\u0000byte, half \ufffd a character")
+      } finally {
+        await runtime.dispose()
+      }
+    })
   })
 }
 
