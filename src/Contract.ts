@@ -141,8 +141,17 @@ const check = <C extends AnyContract>(
       issues: [{ message: `validator threw: ${cause instanceof Error ? cause.message : String(cause)}` }],
     })
   }
+  // A rejected promise is the validator failing, not a verdict on the payload: a typed error the
+  // inbox retries (an attempt spent, dead after maxAttempts), never a defect.
+  const unavailable = (cause: unknown): Checked<PayloadOf<C>> =>
+    new ValidationError({
+      type: contract.type,
+      version: contract.version,
+      issues: [{ message: `validator failed: ${cause instanceof Error ? cause.message : String(cause)}` }],
+      validatorFailed: true,
+    })
   return result instanceof Promise
-    ? (result as Promise<StandardSchemaV1.Result<PayloadOf<C>>>).then(verdict)
+    ? (result as Promise<StandardSchemaV1.Result<PayloadOf<C>>>).then(verdict, unavailable)
     : verdict(result as StandardSchemaV1.Result<PayloadOf<C>>)
 }
 
@@ -299,7 +308,14 @@ const upcastStep = (
     }
     return validate(next, input).pipe(
       Effect.mapError(
-        (e) => new ValidationError({ type: e.type, version: e.version, issues: e.issues, upcastFrom: sent }),
+        (e) =>
+          new ValidationError({
+            type: e.type,
+            version: e.version,
+            issues: e.issues,
+            upcastFrom: sent,
+            ...(e.validatorFailed ? { validatorFailed: true } : {}),
+          }),
       ),
     )
   })

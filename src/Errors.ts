@@ -16,8 +16,15 @@ export class ValidationError extends ValidationErrorBase<{
   readonly issues: ReadonlyArray<{ readonly message: string; readonly path?: string }>
   /** Set when the payload was sent as this older version and upcast to `version` on the way in. */
   readonly upcastFrom?: number
+  /**
+   * Set when the validator itself failed (an async validator whose promise
+   * rejected: a schema registry that is down), not the payload: worth a retry.
+   */
+  readonly validatorFailed?: boolean
 }> {
-  readonly retryable = false
+  get retryable(): boolean {
+    return this.validatorFailed === true
+  }
   override get message(): string {
     const first = this.issues
       .slice(0, 3)

@@ -20,6 +20,12 @@ export type Decoded =
       readonly envelope: Envelope
     }
   | { readonly _tag: "Bad"; readonly row: InboxRow }
+  /**
+   * Could not be decoded this time (the validator failed: a schema registry
+   * down; or decoding died): a transient failure, an attempt spent, dead after
+   * maxAttempts. `row` is the row as received, `error` why.
+   */
+  | { readonly _tag: "Failed"; readonly row: InboxRow; readonly error: string }
 
 const sha256Hex = (text: string) =>
   Effect.promise(async () => {
@@ -35,6 +41,21 @@ export const indexHandlers = (handlers: ReadonlyArray<Handler>): HandlerIndex =>
 
 /** `attempts` is what the row records as tries made (the delivery's attempt, or 0 when only stored). */
 export const decodeDelivery = (
+  registry: Registry,
+  handlers: HandlerIndex,
+  consumer: string,
+  delivery: Delivery,
+  attempts: number,
+): Effect.Effect<Decoded> =>
+  decodeOnce(registry, handlers, consumer, delivery, attempts).pipe(
+    // A defect while decoding (a validator or upcast that breaks its contract) is this message's
+    // failure, counted like any other, never the end of the loop that decodes it.
+    Effect.catchDefect((defect) =>
+      Effect.succeed(decodingDied(consumer, delivery, attempts, `decoding died: ${describe(defect)}`)),
+    ),
+  )
+
+const decodeOnce = (
   registry: Registry,
   handlers: HandlerIndex,
   consumer: string,
@@ -63,6 +84,12 @@ export const decodeDelivery = (
         lastError: reason,
       }),
     })
+    const failed = (key: string, error: string): Decoded => ({
+      _tag: "Failed",
+      // As received, payload included: store-then-process stores it, and the processor tries again.
+      row: storableRow({ ...base, key, payload: delivery.body, raw: null, lastError: error }),
+      error,
+    })
     // A message without an id still gets a stable key, so its redeliveries collapse into one dead row.
     const messageId =
       delivery.messageId ?? `missing-id:${yield* sha256Hex(`${delivery.type}\n${delivery.body}`)}`
@@ -70,7 +97,10 @@ export const decodeDelivery = (
     if (delivery.type === undefined) return bad(messageId, "message has no type")
     // The registry resolves the version (upcasting an older one to the handled contract) and validates.
     const decoded = yield* Effect.result(registry.decode(delivery.type, delivery.version, delivery.body))
-    if (decoded._tag === "Failure") return bad(messageId, decoded.failure.message)
+    if (decoded._tag === "Failure") {
+      const error = decoded.failure
+      return error.retryable ? failed(messageId, error.message) : bad(messageId, error.message)
+    }
     const { contract, payload } = decoded.success
     const handler = handlers.get(`${contract.type}@${contract.version}`)!
     const envelopeBase = {
@@ -101,6 +131,25 @@ export const decodeDelivery = (
       row: storableRow({ ...base, key: dedupeKey, payload: delivery.body, raw: null, lastError: null }),
     }
   })
+
+const decodingDied = (consumer: string, delivery: Delivery, attempts: number, error: string): Decoded => ({
+  _tag: "Failed",
+  row: storableRow({
+    key: delivery.messageId ?? `missing-id:${delivery.type}`,
+    consumer,
+    type: delivery.type ?? null,
+    version: delivery.version ?? null,
+    payload: null,
+    raw: storableBody(delivery.body, delivery.bodyBytes),
+    headers: delivery.headers,
+    partitionKey: delivery.partitionKey ?? null,
+    position: positionOfDelivery(delivery) ?? null,
+    tenantId: delivery.tenantId ?? null,
+    attempts,
+    lastError: error,
+  }),
+  error,
+})
 
 /**
  * The row a tombstone is stored as (a keyed message its producer's relay gave

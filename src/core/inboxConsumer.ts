@@ -261,6 +261,8 @@ export const makeConsumer = (p: InboxParts) => {
       if (positionOfDelivery(delivery) !== undefined) return yield* storeThenProcess(delivery)
       const decoded = yield* decodeDelivery(p.registry, p.handlers, p.consumer, delivery, delivery.attempt)
       if (decoded._tag === "Bad") return yield* recordDead(decoded.row)
+      if (decoded._tag === "Failed")
+        return yield* afterFailure(decoded.row, delivery, transient(decoded.error))
       const outcome = yield* Effect.result(handleBatcher.submit(decoded))
       if (outcome._tag === "Failure")
         return yield* afterFailure(decoded.row, delivery, failureOf(outcome.failure))

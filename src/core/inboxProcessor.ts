@@ -23,7 +23,7 @@ import {
   transactionTimedOut,
 } from "./inboxConsumer.ts"
 import { FailedAt, runShared } from "./sharedTransaction.ts"
-import { permanent, verdictFor } from "./verdict.ts"
+import { permanent, transient, verdictFor } from "./verdict.ts"
 
 export interface ProcessorSettings {
   readonly batchSize: number
@@ -224,7 +224,12 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
         ready.push({ row, decoded })
         continue
       }
-      const verdict = verdictFor(row.attempts, permanent(decoded.row.lastError ?? "undecodable"), p.retry)
+      // Undecodable is for good; a validator that failed (a registry away) is worth another try.
+      const failure =
+        decoded._tag === "Failed"
+          ? transient(decoded.error)
+          : permanent(decoded.row.lastError ?? "undecodable")
+      const verdict = verdictFor(row.attempts, failure, p.retry)
       if (verdict._tag !== "Done") marks.push({ key: row.key, verdict })
       if (key !== null) stopped.add(key)
     }

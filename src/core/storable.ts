@@ -19,7 +19,11 @@ export const base64Of = (bytes: Uint8Array): string => {
   return BASE64_PREFIX + btoa(binary)
 }
 
-const storableText = (text: string): boolean => !text.includes("\u0000") && text.isWellFormed()
+/** Half a UTF-16 character: a high surrogate not followed by a low one, or a low one alone. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
+const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, "g")
+
+const storableText = (text: string): boolean => !text.includes("\u0000") && !LONE_SURROGATE.test(text)
 
 /** Header names and values as PostgreSQL can store them: any NUL-bearing one as base64. */
 export const storableHeaders = (
@@ -59,8 +63,12 @@ export const storableBody = (text: string, bytes: Uint8Array | undefined): strin
  * escape `\u0000`, a lone UTF-16 surrogate (half a character, which no UTF-8
  * column takes) as U+FFFD. Error text may quote anything a handler saw.
  */
-export const storableMessage = (text: string | null): string | null =>
-  text === null || storableText(text) ? text : text.replaceAll("\u0000", "\\u0000").toWellFormed()
+export function storableMessage(text: string): string
+export function storableMessage(text: string | null): string | null
+export function storableMessage(text: string | null): string | null {
+  if (text === null || storableText(text)) return text
+  return text.replaceAll("\u0000", "\\u0000").replace(LONE_SURROGATES, "\uFFFD")
+}
 
 const visible = storableMessage
 

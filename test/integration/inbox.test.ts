@@ -3,7 +3,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import amqp from "amqplib"
 import { Effect, Layer, ManagedRuntime } from "effect"
+import type { StandardSchemaV1 } from "effect/StandardSchema"
 import { sql } from "kysely"
+import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
 import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
@@ -434,18 +436,17 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
       }
     })
 
-    test("a handler whose error text holds a NUL and half a character: retried, then dead, the text stored", async () => {
-      const exchange = uniqueName(`inbox-errtext-${mode}`)
-      const consumer = uniqueName(`errtext-${mode}`)
+    /** One message to an inbox of `handlers` (maxAttempts 3): it ends dead after 3 attempts; its row. */
+    const deadAfterThree = async (name: string, handlers: Inbox.InboxConfig["handlers"]) => {
+      const exchange = uniqueName(`inbox-${name}-${mode}`)
+      const consumer = uniqueName(`${name}-${mode}`)
       const runtime = ManagedRuntime.make(
         Inbox.layer({
           consumer,
           mode,
           pollInterval: "100 millis",
           retry: { initialDelay: "100 millis", maxDelay: "300 millis", maxAttempts: 3 },
-          handlers: [
-            Inbox.handler(Note, () => Effect.fail(new Error("bad\u0000byte, half \ud800 a character"))),
-          ],
+          handlers,
         }).pipe(
           Layer.provide(
             Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
@@ -460,12 +461,36 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
           "dead after 3 attempts",
           async () => (await inboxRow(consumer, message.id))?.status === "dead",
         )
-        const row = await inboxRow(consumer, message.id)
-        expect(row?.attempts).toBe(3)
-        expect(row?.last_error).toContain("bad\\u0000byte, half \ufffd a character")
+        return await inboxRow(consumer, message.id)
       } finally {
         await runtime.dispose()
       }
+    }
+
+    test("a handler whose error text holds a NUL and half a character: retried, then dead, the text stored", async () => {
+      const row = await deadAfterThree("errtext", [
+        Inbox.handler(Note, () => Effect.fail(new Error("bad\u0000byte, half \ud800 a character"))),
+      ])
+      expect(row?.attempts).toBe(3)
+      expect(row?.last_error).toContain("bad\\u0000byte, half \ufffd a character")
+    })
+
+    test("a validator that fails (an async schema whose promise rejects: a registry away): retried, then dead", async () => {
+      // The same type and version as Note, with a validator that cannot answer.
+      const RegistryAway = defineEvent({
+        type: Note.type,
+        version: Note.version,
+        schema: {
+          "~standard": {
+            version: 1,
+            vendor: "test",
+            validate: () => Promise.reject(new Error("schema registry unreachable")),
+          },
+        } as StandardSchemaV1<unknown, { note: string }>,
+      })
+      const row = await deadAfterThree("validator", [Inbox.handler(RegistryAway, () => Effect.void)])
+      expect(row?.attempts).toBe(3)
+      expect(row?.last_error).toContain("validator failed: schema registry unreachable")
     })
   })
 }
