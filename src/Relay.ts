@@ -11,6 +11,7 @@
  * loop `core/leaseLoop.ts`, the retry-or-dead rule `core/verdict.ts`.
  */
 import { type Duration, Effect, Layer, Schedule, type Scope } from "effect"
+import { bounded } from "./core/bounded.ts"
 import * as config from "./core/config.ts"
 import { isLive, makeLoopState, runLeaseLoop } from "./core/leaseLoop.ts"
 import {
@@ -159,6 +160,11 @@ export const make = (
       hotMs: HOT_MS,
       fewRows: FEW_ROWS,
       warmMs: WARM_MS,
+      // A row due by time (a delay, a retry's backoff, a dead relay's lease) wakes nobody: with a
+      // poll interval over a second, a wait ends when the next pending row is due.
+      ...(store.nextDueMs === undefined
+        ? {}
+        : { nextDueMs: bounded("Relay.nextDue", c.statementTimeoutMs)(store.nextDueMs) }),
       outage: c.outage,
       wake,
       state,

@@ -15,16 +15,21 @@
  * - otherwise wait for a wake-up (NOTIFY) or the poll interval, and never
  *   claim again within `relookMs` of the last cycle: a burst of wake-ups is
  *   one claim, not one each;
+ * - with `nextDueMs`, a wait longer than `LONG_WAIT_MS` ends when the next
+ *   pending row comes due: a row due by time (a delay, a retry's backoff, a
+ *   dead claimer's lease) wakes nobody, and the poll interval has no bound;
  * - a failed cycle backs off on the outage schedule and tries again, forever:
  *   a retryable failure (connection lost) as a warning, any other (a missing
  *   table, a read-only database after failover) loudly as an error, since it
- *   needs a person — but the loop is still there when it is fixed;
+ *   needs a person — but the loop is still there when it is fixed. A defect
+ *   (a bug: a throw, `Effect.die`) too: logged with its cause once per run of
+ *   failures, since it likely repeats every step;
  * - a cycle is uninterruptible: shutdown waits for the batch in flight to be
  *   settled instead of leaving its rows claimed until their lease runs out.
  *
  * All waiting is on Effect's `Clock`, so `TestClock` drives it in unit tests.
  */
-import { Clock, Effect } from "effect"
+import { Cause, Clock, Effect, Option } from "effect"
 import { type RetryPolicy, schedule } from "../Retry.ts"
 import type { Signal } from "./signal.ts"
 
@@ -68,10 +73,26 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
   readonly fewRows?: number
   /** …then at doubling intervals until this long has passed since the last cycle that claimed any. */
   readonly warmMs?: number
+  /**
+   * Ms until the earliest pending row comes due (≤ 0: one is due now), or undefined when none is
+   * pending. Asked only before a wait longer than `LONG_WAIT_MS`; a failed probe just waits.
+   */
+  readonly nextDueMs?: Effect.Effect<number | undefined, unknown>
   /** Backoff between failed cycles. */
   readonly outage: RetryPolicy
   readonly wake: Signal
   readonly state: LoopState
+}
+
+/** Waits longer than this ask `nextDueMs` first: a row due by time waits about this long at most. */
+export const LONG_WAIT_MS = 1000
+/** The shortest wait for a row the probe says is due: one that is due but locked is not spun on. */
+const MIN_DUE_WAIT_MS = 50
+
+/** A defect's message for the loop state: the thrown error's message, not its stack. */
+const defectMessage = (cause: Cause.Cause<unknown>): string => {
+  const defect = Cause.squash(cause)
+  return `defect: ${defect instanceof Error ? `${defect.name}: ${defect.message}` : String(defect)}`
 }
 
 /** Runs the loop until interrupted; never fails and never ends by itself. */
@@ -79,11 +100,15 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   loop: LeaseLoop<E>,
 ): Effect.Effect<never> => {
   const { state } = loop
+  const recordFailure = (message: string) =>
+    Effect.map(Clock.currentTimeMillis, (now) => {
+      state.lastCycleAt = now
+      state.lastError = message
+      state.consecutiveFailures++
+    })
   const failed = (error: E) =>
     Effect.gen(function* () {
-      state.lastCycleAt = yield* Clock.currentTimeMillis
-      state.lastError = error.message
-      state.consecutiveFailures++
+      yield* recordFailure(error.message)
       if (error.retryable) yield* Effect.logWarning(`${loop.name}: ${error.message}; backing off`)
       else {
         yield* Effect.logError(
@@ -91,20 +116,40 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
         )
       }
     })
+  // Whether this run of failures has logged a defect: a bug repeats every backoff step, and one
+  // stack trace per run says it all.
+  let defectLogged = false
+  const died = (cause: Cause.Cause<E>) =>
+    Effect.gen(function* () {
+      const message = defectMessage(cause)
+      yield* recordFailure(message)
+      if (defectLogged) return
+      defectLogged = true
+      yield* Effect.logError(
+        `${loop.name}: a cycle died (${message}); a bug, not an outage; backing off and retrying (logged once until a cycle succeeds)`,
+        cause,
+      )
+    })
   const succeeded = Effect.gen(function* () {
     const now = yield* Clock.currentTimeMillis
     state.lastCycleAt = now
     state.lastSuccessAt = now
     state.lastError = undefined
     state.consecutiveFailures = 0
+    defectLogged = false
   })
-  const step = Effect.uninterruptible(loop.cycle).pipe(
-    Effect.tap(() => succeeded),
-    Effect.tapError(failed),
-    // Unbounded: infrastructure comes back, and the loop must still be there.
-    Effect.retry({ schedule: schedule(loop.outage) }),
-    Effect.orDie,
-  )
+  // Every way a cycle can end short of success is recorded and becomes one failure to back off on:
+  // a defect must not end the loop for good. (A cycle is uninterruptible, so an interruption in its
+  // cause is its own doing; a shutdown's is held back and ends the loop in the wait that follows.)
+  const attempt = Effect.matchCauseEffect(Effect.uninterruptible(loop.cycle), {
+    onSuccess: (claimed) => Effect.as(succeeded, claimed),
+    onFailure: (cause) => {
+      const error = Cause.findErrorOption(cause)
+      return Effect.andThen(Option.isSome(error) ? failed(error.value) : died(cause), Effect.fail("failed"))
+    },
+  })
+  // Unbounded: infrastructure comes back, and the loop must still be there.
+  const step = Effect.retry(attempt, { schedule: schedule(loop.outage) }).pipe(Effect.orDie)
   const relookMs = loop.relookMs === undefined ? 0 : Math.min(loop.relookMs, loop.pollMs)
   const hotMs = Math.max(relookMs, loop.hotMs ?? relookMs)
   const warmMs = Math.max(hotMs, loop.warmMs ?? hotMs)
@@ -128,9 +173,23 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
         return early > 0 ? Effect.sleep(early) : Effect.void
       }),
     )
+  const dueFloorMs = Math.max(relookMs, MIN_DUE_WAIT_MS)
+  // A long wait, cut short to when the next pending row comes due: nothing else wakes the loop then.
+  // Waits up to LONG_WAIT_MS (all of them at the default 1 s poll) cost no probe.
+  const untilDue = (waitMs: number): Effect.Effect<number> => {
+    const probe = loop.nextDueMs
+    if (probe === undefined || waitMs <= LONG_WAIT_MS) return Effect.succeed(waitMs)
+    return probe.pipe(
+      Effect.map((dueMs) =>
+        dueMs === undefined ? waitMs : Math.min(waitMs, Math.max(Math.ceil(dueMs), dueFloorMs)),
+      ),
+      // Only latency is at stake: the next cycle reports what is wrong.
+      Effect.catchCause(() => Effect.succeed(waitMs)),
+    )
+  }
   const pause = (claimed: number): Effect.Effect<void> => {
     if (claimed >= loop.batchSize) return Effect.yieldNow
-    if (relookMs === 0) return loop.wake.wait(loop.pollMs)
+    if (relookMs === 0) return Effect.flatMap(untilDue(loop.pollMs), loop.wake.wait)
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
       lastEnd = now
       if (claimed > 0) {
@@ -144,10 +203,10 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
       const sinceTick = (now - anchor) % loop.pollMs
       const toPoll = loop.pollMs - sinceTick
       if (now < hotUntil) return Effect.sleep(Math.min(hotWait, toPoll))
-      if (now >= warmUntil) return awoken(toPoll)
+      if (now >= warmUntil) return Effect.flatMap(untilDue(toPoll), awoken)
       const wait = Math.min(nextRelookMs, toPoll)
       nextRelookMs *= 2
-      return awoken(wait)
+      return Effect.flatMap(untilDue(wait), awoken)
     })
   }
   return Effect.forever(Effect.flatMap(step, pause))

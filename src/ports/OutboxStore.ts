@@ -60,6 +60,14 @@ export interface OutboxStoreShape {
   /** Seconds the oldest due pending message has waited (0 when none). */
   readonly lagSeconds: Effect.Effect<number, StoreError>
   /**
+   * Milliseconds until the earliest pending message comes due (≤ 0: one is due
+   * now; undefined: none is pending), a claimed one at the end of its lease.
+   * The relay asks before a wait longer than a second, since a message due by
+   * time (a delay, a retry's backoff, a dead relay's lease) wakes nobody.
+   * Optional: without it, such a message waits for the poll interval.
+   */
+  readonly nextDueMs?: Effect.Effect<number | undefined, StoreError>
+  /**
    * Deletes sent messages published more than `olderThanSeconds` ago, `batchSize`
    * rows per statement, until none is left; never a pending or dead one. Returns how many.
    */

@@ -181,6 +181,14 @@ export const make = (): Effect.Effect<MemoryOutbox> =>
       return oldest === Number.POSITIVE_INFINITY ? 0 : Math.max(0, (now - oldest) / 1000)
     })
 
+    const nextDueMs = op("OutboxStore.nextDue", (now) => {
+      let first = Number.POSITIVE_INFINITY
+      for (const row of table.values()) {
+        if (row.status === "pending" && row.visibleAt < first) first = row.visibleAt
+      }
+      return first === Number.POSITIVE_INFINITY ? undefined : first - now
+    })
+
     // The SQL deletes in batches of `batchSize` until none is left; in memory one pass
     // deletes the same rows, and the count is the same.
     const purgeSent = (olderThanSeconds: number, _batchSize: number) =>
@@ -241,7 +249,7 @@ export const make = (): Effect.Effect<MemoryOutbox> =>
       )
 
     return {
-      store: { claim, mark, release, extend, lagSeconds, purgeSent, wakeups },
+      store: { claim, mark, release, extend, lagSeconds, nextDueMs, purgeSent, wakeups },
       enqueue,
       rows: () => [...table.values()].map(snapshot),
       setDown: (value: boolean) => {

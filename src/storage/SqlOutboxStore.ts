@@ -225,6 +225,20 @@ export const lagQuery = (db: Kysely<TxboxDatabase>): CompiledQuery<{ lag: number
     .where("visible_at", "<=", now)
     .compile()
 
+/**
+ * Seconds until the earliest pending row comes due (negative: one is due; null: none is
+ * pending): like `lagQuery`, an index-first-entry read on the partial `outbox_due` index.
+ */
+export const nextDueQuery = (db: Kysely<TxboxDatabase>): CompiledQuery<{ due: number | string | null }> =>
+  db
+    .selectFrom("outbox")
+    // extract(epoch FROM …) is no function call Kysely can build.
+    .select((eb) =>
+      sql<number | string | null>`extract(epoch FROM ${eb.fn.min("visible_at")} - now())`.as("due"),
+    )
+    .where("status", "=", pending)
+    .compile()
+
 /** The statements of one store, each compiled once for its schema. */
 export interface OutboxStatements {
   readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimedRow>
@@ -233,11 +247,13 @@ export interface OutboxStatements {
   readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
   readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
   readonly lag: () => CompiledQuery<{ lag: number | string | null }>
+  readonly nextDue: () => CompiledQuery<{ due: number | string | null }>
 }
 
 /** Compiles every statement once for `db` (bound to txbox's schema). */
 export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
   const lag = lagQuery(db)
+  const nextDue = nextDueQuery(db)
   return {
     claim: prepare(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2 }),
     mark: prepare(db, markQuery, { token: "\0token", verdicts: "\0verdicts" }),
@@ -245,6 +261,7 @@ export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
     release: prepare(db, releaseQuery, { token: "\0token" }),
     extend: prepare(db, extendQuery, { token: "\0token", leaseMs: -1 }),
     lag: () => ({ ...lag, queryId: createQueryId() }),
+    nextDue: () => ({ ...nextDue, queryId: createQueryId() }),
   }
 }
 
@@ -326,6 +343,12 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     return Math.max(0, Number(result.rows[0]?.lag ?? 0))
   })
 
+  const nextDueMs = tryStore("OutboxStore.nextDue", async () => {
+    // numeric comes back as a string from some drivers.
+    const due = (await db.executeQuery(q.nextDue())).rows[0]?.due
+    return due === null || due === undefined ? undefined : Number(due) * 1000
+  })
+
   const purgeSent = Effect.fn("OutboxStore.purgeSent")(function* (
     olderThanSeconds: number,
     batchSize: number,
@@ -352,6 +375,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
         return db.executeQuery(q.extend({ token, leaseMs })).then(affected)
       }),
     lagSeconds,
+    nextDueMs,
     purgeSent,
     wakeups: (onWake) => database.listen(notifyChannel(database.schema, "outbox"), onWake),
   } satisfies OutboxStoreShape

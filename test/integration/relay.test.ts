@@ -310,6 +310,30 @@ describe("relay", () => {
       }
     }))
 
+  test("with a 30 s poll, a row due by time (a delay, a dead relay's lease) is published within moments of coming due", () =>
+    // Coming due wakes nobody: only the relay's probe of the next due row can publish it in time.
+    withRelay("relay-due", { pollInterval: "30 seconds" }, async (seen) => {
+      await sql`DELETE FROM txbox.outbox`.execute(t.db)
+      const publishedWithin = async (id: string, dueMs: number) => {
+        const since = Date.now()
+        await eventually("published", async () => seen.counts.has(id), 10_000)
+        expect(Date.now() - since).toBeGreaterThanOrEqual(dueMs - 250)
+        expect(Date.now() - since).toBeLessThan(dueMs + 1_500)
+      }
+      const [delayed] = await enqueueOrders(1, { delay: "2 seconds" })
+      await publishedWithin(delayed!, 2_000)
+      // A relay that died holding a claim: the row comes due when its lease runs out.
+      const leased = await t.db.transaction().execute(async (trx) => {
+        const written = await Effect.runPromise(
+          Outbox.enqueue(trx, OrderPlaced, { orderId: crypto.randomUUID(), total: 1 }),
+        )
+        await sql`UPDATE txbox.outbox SET lock_token = gen_random_uuid(), visible_at = now() + interval '2 seconds'
+                  WHERE id = ${written.id}::uuid`.execute(trx)
+        return written.id
+      })
+      await publishedWithin(leased, 2_000)
+    }))
+
   test("a producer that skipped the NOTIFY and commits after the relay's second look is still published within moments", () =>
     // No poll within the test: only the relay's own looks can find the late row.
     withRelay("relay-warm", { pollInterval: "1 hour" }, async (seen) => {

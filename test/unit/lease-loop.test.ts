@@ -2,7 +2,7 @@
 // second looks after a cycle that claimed rows (a steady cadence, then doubling), then NOTIFY or the
 // poll, and never a claim per wake-up.
 import { expect, test } from "bun:test"
-import { Clock, Effect, Fiber } from "effect"
+import { Cause, Clock, Effect, Fiber, Layer, Logger } from "effect"
 import { TestClock } from "effect/testing"
 import { makeLoopState, runLeaseLoop } from "../../src/core/leaseLoop.ts"
 import { makeSignal } from "../../src/core/signal.ts"
@@ -109,4 +109,137 @@ test("wake-ups in a burst: one claim per relookMs, not one each", async () => {
   const notifyAt = Array.from({ length: 10 }, (_, i) => 400 + 5 * i)
   const times = await cycleTimes([], 600, { relookMs: 10, warmMs: 1000, notifyAt })
   expect(times).toEqual([0, 400, 410, 420, 430, 440, 450, 460])
+})
+
+/** No jitter, so the backoff between failed cycles is 100 ms, then 200 ms, … */
+const steadyOutage = { ...defaultRetryPolicy, initialDelay: 100, jitter: false }
+
+test("a cycle that dies (a throw, Effect.die) backs off and runs again; the state shows it meanwhile", async () => {
+  const result = await Effect.runPromise(
+    Effect.gen(function* () {
+      const times: number[] = []
+      const state = makeLoopState()
+      let runs = 0
+      const cycle = Effect.gen(function* () {
+        times.push(yield* Clock.currentTimeMillis)
+        runs++
+        // A type parser that returns timestamps as strings: the publish path throws.
+        if (runs === 1) return yield* Effect.sync(() => ("2024-01-01" as unknown as Date).getTime())
+        if (runs === 2) return yield* Effect.die(new Error("still broken"))
+        return 0
+      })
+      const fiber = yield* Effect.forkChild(
+        runLeaseLoop({
+          name: "test",
+          cycle,
+          batchSize: 100,
+          pollMs: 1000,
+          outage: steadyOutage,
+          wake: makeSignal(),
+          state,
+        }),
+      )
+      yield* TestClock.adjust(50)
+      const afterFirst = { ...state }
+      yield* TestClock.adjust(100)
+      const afterSecond = { ...state }
+      yield* TestClock.adjust(1_500)
+      yield* Fiber.interrupt(fiber)
+      return { times, afterFirst, afterSecond, state: { ...state } }
+      // No logger: the next test reads the log.
+    }).pipe(Effect.provide(Layer.merge(TestClock.layer(), Logger.layer([])))),
+  )
+  // Dies at 0 and 100 (backoff 100, 200), succeeds at 300, then polls.
+  expect(result.times).toEqual([0, 100, 300, 1300])
+  expect(result.afterFirst.consecutiveFailures).toBe(1)
+  expect(result.afterFirst.lastError).toContain("getTime is not a function")
+  expect(result.afterSecond.consecutiveFailures).toBe(2)
+  expect(result.afterSecond.lastError).toContain("still broken")
+  expect(result.state.consecutiveFailures).toBe(0)
+  expect(result.state.lastError).toBeUndefined()
+  expect(result.state.lastSuccessAt).toBe(1300)
+})
+
+test("a defect is logged once per run of failures, with its cause", async () => {
+  const logged: Array<{ level: string; cause: string }> = []
+  const logger = Logger.make(({ logLevel, cause }) => {
+    logged.push({ level: logLevel, cause: Cause.pretty(cause) })
+  })
+  await Effect.runPromise(
+    Effect.gen(function* () {
+      let runs = 0
+      // Dies three times, succeeds, dies once more.
+      const cycle = Effect.suspend(() =>
+        ++runs === 4 ? Effect.succeed(0) : Effect.die(new Error(`boom ${runs}`)),
+      )
+      const fiber = yield* Effect.forkChild(
+        runLeaseLoop({
+          name: "test",
+          cycle,
+          batchSize: 100,
+          pollMs: 1000,
+          outage: steadyOutage,
+          wake: makeSignal(),
+          state: makeLoopState(),
+        }),
+      )
+      yield* TestClock.adjust(2_000)
+      yield* Fiber.interrupt(fiber)
+    }).pipe(Effect.provide(Layer.merge(TestClock.layer(), Logger.layer([logger])))),
+  )
+  expect(logged.map((l) => l.level)).toEqual(["Error", "Error"])
+  expect(logged[0]!.cause).toContain("boom 1")
+  expect(logged[1]!.cause).toContain("boom 5")
+})
+
+/** A loop with a long poll over one row due at `dueAt`; returns when each cycle ran and how often it probed. */
+const dueTimes = (pollMs: number, dueAt: number, forMs: number) =>
+  Effect.runPromise(
+    Effect.gen(function* () {
+      const times: number[] = []
+      let probes = 0
+      let published = false
+      const cycle = Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        times.push(now)
+        if (published || now < dueAt) return 0
+        published = true
+        return 1
+      })
+      const nextDueMs = Effect.gen(function* () {
+        probes++
+        return published ? undefined : dueAt - (yield* Clock.currentTimeMillis)
+      })
+      const fiber = yield* Effect.forkChild(
+        runLeaseLoop({
+          name: "test",
+          cycle,
+          batchSize: 100,
+          pollMs,
+          relookMs: 10,
+          warmMs: 500,
+          nextDueMs,
+          outage: defaultRetryPolicy,
+          wake: makeSignal(),
+          state: makeLoopState(),
+        }),
+      )
+      for (let t = 0; t < forMs; t += 5) yield* TestClock.adjust(5)
+      yield* Fiber.interrupt(fiber)
+      return { times, probes }
+    }).pipe(Effect.provide(TestClock.layer())),
+  )
+
+test("a long poll: a row due by time is claimed when it comes due, not at the next poll", async () => {
+  const { times } = await dueTimes(30_000, 2_500, 3_000)
+  // The first cycle finds nothing; the wait ends at 2500, when the row is due; then warm looks.
+  expect(times.slice(0, 2)).toEqual([0, 2_500])
+  expect(times.at(-1)).toBeLessThan(3_000)
+})
+
+test("the default 1 s poll never probes for due rows", async () => {
+  const { times, probes } = await dueTimes(1_000, 2_500, 3_000)
+  expect(probes).toBe(0)
+  // The row waits for the poll at 3000: at most a second, as before.
+  expect(times).toEqual([0, 1_000, 2_000, 3_000])
 })
