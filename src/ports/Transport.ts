@@ -52,7 +52,7 @@ export interface OutgoingMessage {
  */
 export type PublishOutcome =
   | { readonly _tag: "Confirmed" }
-  /** The broker refused it (`basic.nack`); transient. */
+  /** The broker refused it (`basic.nack`), or the transport could not encode it this time; transient. */
   | { readonly _tag: "Nacked"; readonly error: string }
   /** No queue would receive it (`mandatory` returned it); retried, then dead. */
   | { readonly _tag: "Returned"; readonly error: string }

@@ -1,11 +1,13 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import { Effect, Exit, Layer, ManagedRuntime } from "effect"
-import { sql } from "kysely"
+import { Kysely, PostgresDialect, sql } from "kysely"
+import pg from "pg"
 import postgres from "postgres"
 import * as v from "valibot"
 import { defineEvent } from "../../src/Contract.ts"
 import * as Outbox from "../../src/Outbox.ts"
 import * as Relay from "../../src/Relay.ts"
+import * as KyselyStore from "../../src/storage/KyselyStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { collect } from "../support/amqp.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
@@ -488,5 +490,46 @@ test("in-process retention deletes old sent rows only, and never pending or dead
     ])
   } finally {
     await relay.dispose()
+  }
+})
+
+test("a row a driver hands back with a field of another type (a timestamp as text): each attempt fails, then it is dead; the relay goes on", async () => {
+  // The app's own pool, whose type parser leaves timestamptz (OID 1184) as text: the relay's
+  // encoder finds no Date in occurredAt.
+  const pool = new pg.Pool({
+    connectionString: t.url,
+    max: 2,
+    types: {
+      getTypeParser: ((oid: number, format?: "text" | "binary") =>
+        oid === 1184
+          ? (value: string) => value
+          : pg.types.getTypeParser(oid, format)) as typeof pg.types.getTypeParser,
+    },
+  })
+  const app = new Kysely<unknown>({ dialect: new PostgresDialect({ pool }) })
+  const exchange = uniqueName("relay-text-time")
+  const seen = await collect(amqpUrl(), exchange)
+  const relay = ManagedRuntime.make(
+    Relay.layer({ ...fast }).pipe(
+      Layer.provide(
+        Layer.mergeAll(
+          Layer.orDie(KyselyStore.layer({ db: app, commitRefusesAborted: false })),
+          Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange, publishTimeout: "3 seconds" })),
+        ),
+      ),
+    ),
+  )
+  const ids = await enqueueOrders(1)
+  await relay.runPromise(Effect.void)
+  try {
+    await eventually("dead", async () => (await rowsOf(ids))[0]?.status === "dead")
+    const [row] = await rowsOf(ids)
+    expect(row?.attempts).toBe(3)
+    expect(row?.last_error).toContain("could not encode message")
+    expect(seen.messages).toHaveLength(0)
+  } finally {
+    await relay.dispose()
+    await seen.close()
+    await app.destroy()
   }
 })

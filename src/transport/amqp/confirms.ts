@@ -162,7 +162,7 @@ export class ConfirmPublisher {
           const index = batch.next++
           const item = items[index]!
           if (item._tag === "Invalid") {
-            this.settle(batch, index, { _tag: "Rejected", error: item.error })
+            this.settle(batch, index, { _tag: item.transient ? "Nacked" : "Rejected", error: item.error })
             continue
           }
           const message = item.message

@@ -48,13 +48,24 @@ export interface EncodedMessage {
 /** Either the publish arguments or why this message can never be sent. */
 export type EncodeResult =
   | { readonly _tag: "Encoded"; readonly message: EncodedMessage }
-  | { readonly _tag: "Invalid"; readonly error: string }
+  /** `transient`: encoding threw (a driver that hands back a field of another type): worth an attempt, not dead at once. */
+  | { readonly _tag: "Invalid"; readonly error: string; readonly transient?: boolean }
 
 /**
  * Maps an outgoing message to publish arguments. User headers go first so that
  * the CloudEvents attributes cannot be overridden by a header of the same name.
  */
 export const encodeMessage = (message: OutgoingMessage, source: string): EncodeResult => {
+  // One message that breaks the encoder is that message's failure, never the batch's or the loop's.
+  try {
+    return encodeOrThrow(message, source)
+  } catch (error) {
+    const why = error instanceof Error ? error.message : String(error)
+    return { _tag: "Invalid", error: `could not encode message ${message.id}: ${why}`, transient: true }
+  }
+}
+
+const encodeOrThrow = (message: OutgoingMessage, source: string): EncodeResult => {
   const millis = message.occurredAt.getTime()
   if (!Number.isFinite(millis))
     return { _tag: "Invalid", error: `message ${message.id} has an invalid occurredAt` }
