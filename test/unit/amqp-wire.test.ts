@@ -2,6 +2,7 @@ import { describe, expect, test } from "bun:test"
 import type { Message } from "amqplib"
 import { positionFromHeaders, positionOf } from "../../src/core/position.ts"
 import type { OutgoingMessage } from "../../src/ports/Transport.ts"
+import { delayQueueName, MAX_DELAY_QUEUES } from "../../src/transport/amqp/topology.ts"
 import {
   deadLetterReason,
   decodeDelivery,
@@ -337,5 +338,14 @@ describe("partition position on the wire", () => {
 
   test("numbers sent as strings (a foreign producer, a stored row) are read", () => {
     expect(positionOf("17", "3")).toEqual({ epoch: 17, seq: 3 })
+  })
+})
+
+describe("delay queues", () => {
+  test("one per attempt up to MAX_DELAY_QUEUES, then the last one: a message retried without end creates no more", () => {
+    expect(delayQueueName("billing", 1)).toBe("txbox.billing.delay.1")
+    expect(delayQueueName("billing", MAX_DELAY_QUEUES)).toBe(`txbox.billing.delay.${MAX_DELAY_QUEUES}`)
+    const names = new Set(Array.from({ length: 1000 }, (_, i) => delayQueueName("billing", i + 1)))
+    expect(names.size).toBe(MAX_DELAY_QUEUES)
   })
 })

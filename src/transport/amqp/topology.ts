@@ -55,7 +55,15 @@ export const deadQueueName = (consumer: string): string => `${queueName(consumer
  * the old ones drain and expire by themselves.)
  */
 export const delayQueueName = (consumer: string, attempt: number): string =>
-  `${queueName(consumer)}.delay.${attempt}`
+  `${queueName(consumer)}.delay.${Math.min(attempt, MAX_DELAY_QUEUES)}`
+
+/**
+ * Delay queues per consumer at most: a message retried without end (a bug that
+ * dies on every try spends an attempt each time) must not create queues without
+ * bound. Past this many attempts the backoff is at its cap, so the delays in the
+ * last queue are alike and none waits behind a longer one.
+ */
+export const MAX_DELAY_QUEUES = 32
 
 /**
  * The arguments of a consumer queue: its delivery limit (quorum only) and its
