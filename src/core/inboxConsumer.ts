@@ -30,7 +30,7 @@ import {
   positionOfDelivery,
   tombstoneOf,
 } from "./decodeDelivery.ts"
-import { HandlerFailed, nowRunning, runHandler, timedOut, watchdog } from "./handler.ts"
+import { describe, HandlerFailed, nowRunning, runHandler, timedOut, watchdog } from "./handler.ts"
 import { parseKeyRoutes, type RouteBinding, withAfter } from "./keyRoutes.ts"
 import { PARTITION_ROUTES_HEADER } from "./position.ts"
 import { FailedAt, runShared } from "./sharedTransaction.ts"
@@ -263,7 +263,13 @@ export const makeConsumer = (p: InboxParts) => {
       if (decoded._tag === "Bad") return yield* recordDead(decoded.row)
       if (decoded._tag === "Failed")
         return yield* afterFailure(decoded.row, delivery, transient(decoded.error))
-      const outcome = yield* Effect.result(handleBatcher.submit(decoded))
+      const outcome = yield* Effect.result(
+        handleBatcher.submit(decoded).pipe(
+          // A defect in the handling (a bug of ours or a driver's) is this message's failure: an
+          // attempt spent, dead after maxAttempts, not a retry without end.
+          Effect.catchDefect((defect) => Effect.fail(new HandlerFailed(`died: ${describe(defect)}`))),
+        ),
+      )
       if (outcome._tag === "Failure")
         return yield* afterFailure(decoded.row, delivery, failureOf(outcome.failure))
       if (outcome.success === "duplicate") {

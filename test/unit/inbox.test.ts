@@ -7,6 +7,7 @@ import * as v from "valibot"
 import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
+import type { InboxStoreShape } from "../../src/ports/InboxStore.ts"
 import { Transport } from "../../src/ports/Transport.ts"
 import * as MemoryInboxStore from "../../src/storage/MemoryInboxStore.ts"
 import * as MemoryTransport from "../../src/transport/memory/MemoryTransport.ts"
@@ -39,6 +40,8 @@ interface Seen {
 const startInbox = (
   behaviour: (seen: Seen) => Effect.Effect<void, unknown>,
   config: Partial<Inbox.InboxConfig> = {},
+  /** Changes the store the inbox sees (a fault injected); `store` stays the real one. */
+  wrap: (store: InboxStoreShape) => InboxStoreShape = (store) => store,
 ) =>
   Effect.gen(function* () {
     const store = yield* MemoryInboxStore.make()
@@ -54,7 +57,12 @@ const startInbox = (
     const scope = yield* Scope.make()
     const handle = yield* Inbox.make({ consumer: "c", handlers: [handler], retry, ...config }).pipe(
       Scope.provide(scope),
-      Effect.provide(Layer.merge(MemoryInboxStore.layer(store), Layer.succeed(Transport, broker.transport))),
+      Effect.provide(
+        Layer.merge(
+          MemoryInboxStore.layer({ ...store, store: wrap(store.store) }),
+          Layer.succeed(Transport, broker.transport),
+        ),
+      ),
     )
     const publish = (n: number, id = uuidv7()) =>
       broker.transport
@@ -239,6 +247,15 @@ describe("inbox config", () => {
     ["inbox onOrderedDead", { onOrderedDead: "drop" as never }],
     ["inbox retry.maxAttempts", { retry: { maxAttempts: 1.5 } }],
     ["inbox retry.initialDelay", { retry: { initialDelay: "soon" as never } }],
+    ["inbox handlers[0]", { handlers: [{}] as never }],
+    ["inbox handlers[1]", { handlers: [...handlers, null] as never }],
+    [
+      "inbox handlers[0].contract",
+      { handlers: [{ contract: { type: "x" }, handle: () => Effect.void }] as never },
+    ],
+    ["inbox handlers[1].handle", { handlers: [...handlers, { contract: Note, handle: "run" }] as never }],
+    ["inbox handlers[0].dedupeKey", { handlers: [{ ...handlers[0]!, dedupeKey: "id" }] as never }],
+    ["inbox afterCommit", { afterCommit: "log" as never }],
   ]
   for (const [field, config] of bad) {
     test(`a bad ${field} is a ConfigError naming it`, async () => {
@@ -249,6 +266,25 @@ describe("inbox config", () => {
       expect(failure?.message).toContain(field)
     })
   }
+
+  test("Inbox.make with a non-handler in handlers fails with a ConfigError, not a defect", async () => {
+    const exit = await Effect.runPromiseExit(
+      Inbox.make({ consumer: "c", handlers: [{}] as never }).pipe(
+        Effect.provide(
+          Layer.merge(
+            MemoryInboxStore.layer(),
+            Layer.succeed(Transport, MemoryTransport.makeBroker().transport),
+          ),
+        ),
+        Effect.scoped,
+      ),
+    )
+    const reason = Exit.isFailure(exit) ? exit.cause.reasons[0] : undefined
+    expect(reason?._tag).toBe("Fail")
+    const failure = reason?._tag === "Fail" ? reason.error : undefined
+    expect(failure?._tag).toBe("ConfigError")
+    expect(failure?.message).toContain("inbox handlers[0]")
+  })
 })
 
 describe("dedupe keys", () => {
@@ -321,6 +357,25 @@ describe("handler timeout", () => {
         expect(rows.get(2)?.lastError).toContain("handler timed out after 5000 ms")
         // #3 ran in the shared transaction (rolled back with it), then once more on its own, which committed.
         expect(inbox.store.rows("c").filter((r) => r.status === "processed")).toHaveLength(2)
+      }),
+    ))
+
+  test("idempotent: a defect in the inbox's own work (a driver that breaks) spends an attempt; dead after maxAttempts", () =>
+    run(
+      Effect.gen(function* () {
+        const broken = (store: InboxStoreShape): InboxStoreShape => ({
+          ...store,
+          transaction: (use) =>
+            store.transaction((tx) =>
+              use({ ...tx, insertProcessed: () => Effect.die(new TypeError("the driver broke")) }),
+            ),
+        })
+        const inbox = yield* startInbox(ok, {}, broken)
+        yield* inbox.publish(1)
+        yield* elapse(120_000, 500)
+        const [row] = inbox.store.rows("c")
+        expect(row).toMatchObject({ status: "dead", attempts: 3 })
+        expect(row?.lastError).toContain("died: the driver broke")
       }),
     ))
 
