@@ -220,6 +220,9 @@ export const makeConsumer = (p: InboxParts) => {
                 ? [yield* tx.insertProcessed(items[0]!.row)]
                 : yield* tx.insertProcessedAll(items.map((item) => item.row))
             const outcomes: Handled[] = []
+            // The server cancels a handler's statement stuck past the handler's time (a row lock
+            // held elsewhere), so the rollback is not queued behind it holding the connection.
+            if (fresh.includes(true)) yield* tx.boundStatements(p.handlerTimeoutMs)
             for (const [i, item] of items.entries()) {
               if (fresh[i] !== true) {
                 outcomes.push("duplicate")

@@ -116,6 +116,9 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
                       token,
                       items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
                     )
+              // As in the consumer: the server cancels a handler's statement stuck past its time.
+              if (items.some((item, i) => mine[i] === true && item.decoded !== undefined))
+                yield* tx.boundStatements(p.handlerTimeoutMs)
               for (const [i, item] of items.entries()) {
                 const decoded = item.decoded
                 if (mine[i] !== true || decoded === undefined) continue

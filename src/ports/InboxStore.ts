@@ -73,6 +73,13 @@ export interface InboxTransaction {
     token: string,
     attempts: number,
   ) => Effect.Effect<boolean, StoreError>
+  /**
+   * Bounds every later statement of this transaction on the database server
+   * too (`statement_timeout` for the rest of the transaction): a handler's
+   * statement stuck on a lock is cancelled by the server when the handler's
+   * time is up, so the rollback and the connection are not held behind it.
+   */
+  readonly boundStatements: (ms: number) => Effect.Effect<void, StoreError>
   /** `markProcessed` for several rows of one claim in one statement: per row, in input order, whether `token` still held it. */
   readonly markProcessedAll: (
     consumer: string,

@@ -11,7 +11,7 @@
  */
 import { Effect, Layer } from "effect"
 import {
-  type CompiledQuery,
+  CompiledQuery,
   type ExpressionBuilder,
   type Kysely,
   type QueryCreator,
@@ -940,6 +940,13 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
   // biome-ignore lint/suspicious/noExplicitAny: the service's own database type, as the port hands it out
   const inTransaction = (trx: Transaction<any>): InboxTransaction => ({
     trx,
+    boundStatements: (ms) =>
+      tryStore("InboxStore.boundStatements", () =>
+        // set_config(…, true) is SET LOCAL with a parameter: it ends with the transaction.
+        trx.executeQuery(
+          CompiledQuery.raw("SELECT set_config('statement_timeout', $1, true)", [String(Math.ceil(ms))]),
+        ),
+      ),
     insertProcessed: (row) =>
       tryStore("InboxStore.insertProcessed", () =>
         trx.executeQuery(q.insertProcessed(row)).then((r) => r.rows.length === 1),

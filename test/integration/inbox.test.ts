@@ -5,6 +5,7 @@ import amqp from "amqplib"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import type { StandardSchemaV1 } from "effect/StandardSchema"
 import { sql } from "kysely"
+import postgres from "postgres"
 import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
@@ -473,6 +474,79 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
       ])
       expect(row?.attempts).toBe(3)
       expect(row?.last_error).toContain("bad\\u0000byte, half \ufffd a character")
+    })
+
+    test("a handler stuck on a row lock another session holds: cancelled on the server at handlerTimeout, attempts spent, dead after maxAttempts; no connection kept", async () => {
+      const exchange = uniqueName(`inbox-lock-${mode}`)
+      const consumer = uniqueName(`lock-${mode}`)
+      const lockedId = crypto.randomUUID()
+      await sql`INSERT INTO orders (id, total) VALUES (${lockedId}, 1)`.execute(t.db)
+      // Another session holds the row for the whole test.
+      const holder = postgres(t.url, { max: 1, onnotice: () => {} })
+      let release = () => {}
+      const held = new Promise<void>((resolve) => {
+        release = resolve
+      })
+      let locked = () => {}
+      const lockTaken = new Promise<void>((resolve) => {
+        locked = resolve
+      })
+      const holding = holder.begin(async (tx) => {
+        await tx`SELECT id FROM orders WHERE id = ${lockedId} FOR UPDATE`
+        locked()
+        await held
+      })
+      await lockTaken
+      const handler = Inbox.handler(Note, ({ payload, envelope, trx }) =>
+        Effect.promise(() =>
+          payload.note === "blocked"
+            ? sql`UPDATE orders SET total = total + 1 WHERE id = ${lockedId}`.execute(trx)
+            : sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
+                trx,
+              ),
+        ),
+      )
+      const runtime = ManagedRuntime.make(
+        Inbox.layer({
+          consumer,
+          mode,
+          pollInterval: "100 millis",
+          handlerTimeout: "1 second",
+          retry: { initialDelay: "100 millis", maxDelay: "300 millis", maxAttempts: 2 },
+          handlers: [handler],
+        }).pipe(
+          Layer.provide(
+            Layer.mergeAll(
+              storeLayer(t.url, { poolSize: 3 }),
+              Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })),
+            ),
+          ),
+        ),
+      )
+      await runtime.runPromise(Effect.void)
+      try {
+        const blocked = note("blocked")
+        const others = Array.from({ length: 5 }, (_, i) => note(`free ${i}`))
+        await publish(exchange, [blocked, ...others])
+        await eventually(
+          "the blocked message dead",
+          async () => (await inboxRow(consumer, blocked.id))?.status === "dead",
+          20_000,
+        )
+        expect((await inboxRow(consumer, blocked.id))?.attempts).toBe(2)
+        await eventually("the others applied", async () => (await effectsOf(consumer)).size === 5)
+        // Nothing of the inbox's is left waiting on the lock or holding a transaction open.
+        const stuck = await sql<{ n: string }>`
+          SELECT count(*) AS n FROM pg_stat_activity
+          WHERE datname = current_database() AND application_name = 'txbox/pg'
+            AND (wait_event_type = 'Lock' OR state LIKE 'idle in transaction%')`.execute(t.db)
+        expect(Number(stuck.rows[0]?.n)).toBe(0)
+      } finally {
+        release()
+        await holding.catch(() => undefined)
+        await holder.end()
+        await runtime.dispose()
+      }
     })
 
     test("a validator that fails (an async schema whose promise rejects: a registry away): retried, then dead", async () => {
