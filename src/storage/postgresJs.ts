@@ -25,7 +25,8 @@ const LISTEN_PING_EVERY_MS = 5_000
 const LISTEN_PING_WITHIN_MS = 5_000
 // Statements of the retired pool get this long to finish; what still hangs then is failed.
 const RENEW_GRACE_SECONDS = 10
-// After a close, how long a statement already sent may still answer before it is failed.
+// After a close, how long a statement queued in a reservation that has not said which connection it
+// holds may wait before it is failed (never sent: failing it cannot hide an answer).
 const SETTLE_AFTER_CLOSE_MS = 3_000
 
 /** Opens a postgres.js pool as the `Database` service, in the current scope. */
