@@ -130,6 +130,47 @@ export interface ResolvedInboxConfig {
   readonly outage: RetryPolicy
 }
 
+/** A contract as `defineEvent` makes it, down its upcast chain (a cycle is not one). */
+const isContract = (value: unknown): boolean => {
+  const seen = new Set<unknown>()
+  let current = value
+  while (typeof current === "object" && current !== null && !seen.has(current)) {
+    seen.add(current)
+    const { type, version, schema, upcast } = current as Partial<AnyContract>
+    if (typeof type !== "string" || !Number.isInteger(version)) return false
+    if (typeof schema?.["~standard"]?.validate !== "function") return false
+    if (upcast === undefined) return true
+    if (typeof upcast !== "object" || upcast === null || typeof upcast.to !== "function") return false
+    current = upcast.from
+  }
+  return false
+}
+
+/** Each entry as `Inbox.handler` makes it: anything else would be a TypeError when the inbox starts. */
+const checkHandler = (entry: unknown, index: number): void => {
+  const field = `inbox handlers[${index}]`
+  config.check(
+    typeof entry === "object" && entry !== null && "contract" in entry && "handle" in entry,
+    field,
+    "must be a handler made with Inbox.handler",
+    entry,
+  )
+  const { contract, handle, dedupeKey } = entry as Partial<Handler>
+  config.check(
+    isContract(contract),
+    `${field}.contract`,
+    "must be a contract made with defineEvent",
+    contract,
+  )
+  config.check(typeof handle === "function", `${field}.handle`, "must be a function", handle)
+  config.check(
+    dedupeKey === undefined || typeof dedupeKey === "function",
+    `${field}.dedupeKey`,
+    "must be a function",
+    dedupeKey,
+  )
+}
+
 /** Validates every option once; a bad one is a `ConfigError` naming it. */
 export const resolveConfig = (c: InboxConfig): Effect.Effect<ResolvedInboxConfig, ConfigError> =>
   config.validateConfig(() => {
@@ -144,6 +185,13 @@ export const resolveConfig = (c: InboxConfig): Effect.Effect<ResolvedInboxConfig
       "inbox handlers",
       "must list at least one handler",
       c.handlers?.length,
+    )
+    c.handlers.forEach(checkHandler)
+    config.check(
+      c.afterCommit === undefined || typeof c.afterCommit === "function",
+      "inbox afterCommit",
+      "must be a function",
+      c.afterCommit,
     )
     const leaseMs = config.millis("inbox lease", c.lease, "30 seconds", { minMs: 1000 })
     const handlerTimeoutMs = config.millis("inbox handlerTimeout", c.handlerTimeout, "30 seconds", {

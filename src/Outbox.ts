@@ -5,6 +5,7 @@
 import { Context, Duration, Effect, type Fiber, Tracer } from "effect"
 import { type Kysely, sql, type Transaction } from "kysely"
 import { type AnyContract, encodeSync, type InputOf } from "./Contract.ts"
+import { toConfigError } from "./core/config.ts"
 import { classifyDbError } from "./core/dbErrors.ts"
 import { insertOutbox } from "./core/enqueueStatement.ts"
 import { validateSchemaName } from "./core/identifier.ts"
@@ -254,7 +255,7 @@ const enqueueRows = (
     try {
       validSchemas.add(validateSchemaName(schema))
     } catch (error) {
-      return Effect.fail(error as ConfigError)
+      return Effect.fail(toConfigError(error))
     }
   }
   if (events.length === 0) return Effect.succeed([])
@@ -316,7 +317,9 @@ const insertRows = (executor: Executor, schema: string, rows: ReadonlyArray<Row>
       ),
     )
   }
-  const db = executor as Kysely<TxboxDatabase>
+  // The caller's plugins (a CamelCasePlugin, say) would rename txbox's columns and result rows:
+  // its statements run without them, still on the caller's connection and transaction.
+  const db = executor.withoutPlugins() as Kysely<TxboxDatabase>
   return Effect.tryPromise({
     // Numbers and rows must commit together, or a key would have a gap its consumers wait on
     // forever: outside a transaction, enqueue opens one of its own.

@@ -13,6 +13,7 @@
  */
 import { Effect } from "effect"
 import type { AnyContract } from "../Contract.ts"
+import { validateConfig } from "../core/config.ts"
 import { ConfigError } from "../Errors.ts"
 import { type JsonSchemaConverter, jsonSchemaOf } from "./jsonSchema.ts"
 import { diffSchemas, type Finding } from "./schemaDiff.ts"
@@ -105,10 +106,8 @@ export const checkCompatibility = (
     const oldSchema = yield* jsonSchemaOf(oldContract, options.toJsonSchema)
     const newSchema = yield* jsonSchemaOf(newContract, options.toJsonSchema)
     const breaks = diffSchemas(oldSchema, newSchema)
-    const outcome = yield* Effect.try({
-      try: () => verdict(oldContract, newContract, breaks),
-      catch: (error) => error as ConfigError,
-    })
+    // An upcast chain with a gap is a ConfigError thrown by `chainOf`.
+    const outcome = yield* validateConfig(() => verdict(oldContract, newContract, breaks))
     return {
       type: newContract.type,
       oldVersion: oldContract.version,
@@ -126,25 +125,22 @@ export const checkCompatibility = (
 export const contractsByType = (
   contracts: Iterable<AnyContract>,
 ): Effect.Effect<ReadonlyMap<string, ReadonlyMap<number, AnyContract>>, ConfigError> =>
-  Effect.try({
-    try: () => {
-      const byType = new Map<string, Map<number, AnyContract>>()
-      for (const contract of contracts) {
-        for (const c of chainOf(contract)) {
-          const versions = byType.get(c.type) ?? new Map<number, AnyContract>()
-          const seen = versions.get(c.version)
-          if (seen !== undefined && seen !== c) {
-            throw new ConfigError({
-              reason: `${c.type}@${c.version} is defined twice, as two different contracts`,
-            })
-          }
-          versions.set(c.version, c)
-          byType.set(c.type, versions)
+  validateConfig(() => {
+    const byType = new Map<string, Map<number, AnyContract>>()
+    for (const contract of contracts) {
+      for (const c of chainOf(contract)) {
+        const versions = byType.get(c.type) ?? new Map<number, AnyContract>()
+        const seen = versions.get(c.version)
+        if (seen !== undefined && seen !== c) {
+          throw new ConfigError({
+            reason: `${c.type}@${c.version} is defined twice, as two different contracts`,
+          })
         }
+        versions.set(c.version, c)
+        byType.set(c.type, versions)
       }
-      return byType
-    },
-    catch: (error) => error as ConfigError,
+    }
+    return byType
   })
 
 const ascending = (versions: ReadonlyMap<number, AnyContract>) =>

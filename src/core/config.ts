@@ -21,15 +21,15 @@ const show = (value: unknown): string => {
   }
 }
 
+/** What a check threw, as a `ConfigError`: anything else (a TypeError on a malformed value) is wrapped. */
+export const toConfigError = (error: unknown): ConfigError =>
+  error instanceof ConfigError
+    ? error
+    : new ConfigError({ reason: `invalid configuration: ${String(error)}` })
+
 /** Runs the checks in `resolve`; a rejected field becomes the Effect's typed `ConfigError`. */
 export const validateConfig = <A>(resolve: () => A): Effect.Effect<A, ConfigError> =>
-  Effect.try({
-    try: resolve,
-    catch: (error) =>
-      error instanceof ConfigError
-        ? error
-        : new ConfigError({ reason: `invalid configuration: ${String(error)}` }),
-  })
+  Effect.try({ try: resolve, catch: toConfigError })
 
 /** A duration option in milliseconds: `value ?? fallback`, which must parse and lie in [minMs, maxMs]. */
 export const millis = (

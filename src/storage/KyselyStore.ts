@@ -8,11 +8,12 @@
  * their poll interval alone (correct, only slower to react).
  */
 import { Effect, Layer } from "effect"
-import type { Kysely } from "kysely"
+import type { Kysely, KyselyPlugin } from "kysely"
 import { validateConfig } from "../core/config.ts"
 import { validateSchemaName } from "../core/identifier.ts"
 import { ConfigError } from "../Errors.ts"
 import { Database, type DatabaseShape } from "../ports/Database.ts"
+import { InboxStore, type InboxStoreShape } from "../ports/InboxStore.ts"
 import type { TxboxStore } from "../ports/stores.ts"
 import { sqlStores } from "./storeLayer.ts"
 
@@ -49,13 +50,49 @@ export const make = (config: KyselyStoreConfig): Effect.Effect<DatabaseShape, Co
       throw new ConfigError({ reason: "db must be a Kysely instance" })
     }
     return {
-      db: config.db,
+      // txbox's own statements run without the app's plugins: a CamelCasePlugin would rename
+      // their result rows. Handlers still get them (`layer`).
+      db: config.db.withoutPlugins(),
       schema: validateSchemaName(config.schema ?? "txbox"),
       listen: config.listen ?? noListen,
       commitRefusesAborted: config.commitRefusesAborted === true,
     } satisfies DatabaseShape
   })
 
+/**
+ * The app's plugins, in order. Kysely lists them only on its executor
+ * (`getExecutor`: declared public, documented as internal).
+ */
+// biome-ignore lint/suspicious/noExplicitAny: the app's Kysely describes its own tables
+const pluginsOf = (db: Kysely<any>): ReadonlyArray<KyselyPlugin> => db.getExecutor().plugins
+
+/**
+ * The inbox store whose handlers get their transaction with the app's plugins,
+ * as if the app had begun it; the store's own statements in it keep the
+ * plugin-free transaction they were given.
+ */
+const handlersGetPlugins =
+  (plugins: ReadonlyArray<KyselyPlugin>) =>
+  (store: InboxStoreShape): InboxStoreShape =>
+    plugins.length === 0
+      ? store
+      : {
+          ...store,
+          transaction: (use) =>
+            store.transaction((tx) =>
+              use({ ...tx, trx: plugins.reduce((trx, plugin) => trx.withPlugin(plugin), tx.trx) }),
+            ),
+        }
+
 /** The store as a layer: `Database`, the `OutboxStore` and `InboxStore` ports over it, and the schema setting. */
 export const layer = (config: KyselyStoreConfig): Layer.Layer<TxboxStore, ConfigError> =>
-  sqlStores(Layer.effect(Database, make(config)))
+  Layer.provideMerge(
+    // Built after `make` validated `config.db`, and overrides the plain inbox store.
+    Layer.effect(
+      InboxStore,
+      Effect.gen(function* () {
+        return handlersGetPlugins(pluginsOf(config.db))(yield* InboxStore)
+      }),
+    ),
+    sqlStores(Layer.effect(Database, make(config))),
+  )

@@ -3,7 +3,7 @@
 // here connects (a bad setting fails before any connection, a missing driver before any pool).
 import { describe, expect, test } from "bun:test"
 import { Config, ConfigProvider, Effect, Exit, Layer } from "effect"
-import { Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler } from "kysely"
+import { CamelCasePlugin, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler } from "kysely"
 import * as AmqpTransport from "../../src/amqpTransport.ts"
 import { loadDriver, missingDriverMessage } from "../../src/drivers.ts"
 import { ConfigError } from "../../src/Errors.ts"
@@ -152,7 +152,7 @@ describe("KyselyStore: the app's own Kysely", () => {
     })
 
   test("provides the Database over it, with its schema, and no LISTEN (polling)", async () => {
-    const db = offline()
+    const db = offline().withPlugin(new CamelCasePlugin())
     const shape = await Effect.runPromise(
       Effect.provide(
         Effect.gen(function* () {
@@ -161,7 +161,8 @@ describe("KyselyStore: the app's own Kysely", () => {
         KyselyStore.layer({ db, schema: "billing_txbox" }),
       ),
     )
-    expect(shape.db).toBe(db)
+    // The app's Kysely without its plugins: txbox's statements compile and return as written.
+    expect(shape.db.selectFrom("someTable").selectAll().compile().sql).toBe('select * from "someTable"')
     expect(shape.schema).toBe("billing_txbox")
     expect(shape.commitRefusesAborted).toBe(false)
   })
