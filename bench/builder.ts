@@ -45,8 +45,8 @@ const base = new Kysely<any>({
 // As the stores bind it: once, to txbox's schema.
 const db = (base as Kysely<TxboxDatabase>).withSchema(config.schema)
 
-// The templates are the hand-written statements the builder replaced (storage/outboxSql.ts and
-// storage/inboxSql.ts), compiled on the plain Kysely as those ran.
+// The templates are the hand-written statements the builder replaced (once storage/outboxSql.ts and
+// storage/inboxSql.ts, since removed), compiled on the plain Kysely as those ran.
 const outbox = sql.id(config.schema, "outbox")
 const inbox = sql.id(config.schema, "inbox")
 

@@ -74,7 +74,7 @@ const config = {
   producers: args.number("producers", 1),
   /** Pooled connections per producer process: the most transactions in flight, and the loops flat out. */
   connections: args.number("connections", 8),
-  /** partitionKey = the order id on every message, as the README's quickstart enqueues. */
+  /** partitionKey = the order id on every message: a key per order (the worst case of the keyed path). */
   keyed: args.given.keyed === true,
   /** The library's defaults, spelled out for the relay child (README "Configuration and defaults"). */
   relay: { batchSize: 1000, workers: args.number("relay-workers", 1), pollMs: 1000, listen: true },

@@ -12,7 +12,7 @@
 // handler's row and reads both commit times from the database.
 //
 // env: DB_URL, CONNECTIONS (default 8), INDEX (default 0), PROCESSES (default 1),
-//      KEYED ("1": partitionKey = the order id, as the README's quickstart enqueues)
+//      KEYED ("1": partitionKey = the order id, a key per order: the worst case of the keyed path)
 import { Effect } from "effect"
 import { CompiledQuery, Kysely, PostgresDialect } from "kysely"
 import pg from "pg"

@@ -2,7 +2,7 @@
  * The `InboxStore` port in memory, for unit tests of the consumer and the
  * inbox processor: no database, and every "now" read from Effect's `Clock`, so
  * `TestClock.adjust` expires leases and brings retries due. Each operation
- * mirrors its SQL statement (storage/inboxSql.ts), keyed by (consumer, key).
+ * mirrors its SQL statement (storage/SqlInboxStore.ts), keyed by (consumer, key).
  *
  * Transactions keep PostgreSQL's behaviour where handlers can observe it:
  * - Writes through the `InboxTransaction` are buffered and applied on commit,

@@ -2,7 +2,7 @@
  * The `OutboxStore` port over SQL (PostgreSQL or PGlite, any Kysely driver):
  * one statement per claim, per batch of marks, per release. That is the whole
  * performance story of the relay's database side, so every statement below
- * keeps the shape of the hand-written SQL it replaced (storage/outboxSql.ts).
+ * keeps the shape of the hand-written SQL it replaced (bench/builder.ts keeps those texts).
  *
  * Written with Kysely's typed builder over `TxboxDatabase`, so a misspelt
  * column or status fails to compile; `sql` fragments only where the builder

@@ -202,6 +202,8 @@ describe("the tarball", () => {
     const wanted = entries.flatMap(([, c]) => [c.types, c.default, c.bun].map((path) => path.slice(2)))
     wanted.push(pkg.bin.txbox.replace(/^\.\//, ""), "package.json", "README.md", "LICENSE")
     for (const file of readdirMigrations()) wanted.push(`migrations/${file}`)
+    // The README links its docs pages: they ship with it, or the links break on npm.
+    for (const file of new Bun.Glob("*.md").scanSync(join(root, "docs"))) wanted.push(`docs/${file}`)
     expect(wanted.filter((file) => !tarballFiles.has(file))).toEqual([])
   })
 

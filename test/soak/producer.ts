@@ -60,7 +60,7 @@ while (!stopping) {
         await trx.insertInto("orders").values({ id: order.id, n: order.n, paid: order.paid }).execute()
       // Each order is a customer's, and a customer's events must be handled in commit order: the
       // partition key. One enqueue call for the transaction's events, so their keys are locked in
-      // one sorted pass (see README "Per-key order"). Run under the store's runtime: enqueue writes
+      // one sorted pass (see docs/ordering.md). Run under the store's runtime: enqueue writes
       // to the schema the relay reads (TxboxSchema).
       await runtime.runPromise(
         Outbox.enqueueMany(
