@@ -12,7 +12,8 @@
  * - one binding of `txbox.<consumer>` per event type (routing key).
  *
  * Retry delay queues (`txbox.<consumer>.delay.N`) are not part of it: the
- * inbox declares each on its first retry, and they expire when unused.
+ * inbox declares each on its first retry, and they expire when unused. Their
+ * names and arguments are here all the same.
  */
 import type { Channel } from "amqplib"
 import { Cause, Effect, Exit } from "effect"
@@ -64,6 +65,24 @@ export const delayQueueName = (consumer: string, attempt: number): string =>
  * last queue are alike and none waits behind a longer one.
  */
 export const MAX_DELAY_QUEUES = 32
+
+/**
+ * The arguments of a delay queue: its messages go back to the consumer queue
+ * when their per-message TTL runs out, and the queue itself expires after
+ * `retryQueueExpiryMs` unused.
+ */
+export const delayQueueArguments = (
+  consumer: string,
+  config: Pick<ResolvedConfig, "retryQueueExpiryMs">,
+): Record<string, unknown> => ({
+  "x-queue-type": "quorum",
+  "x-dead-letter-exchange": "",
+  "x-dead-letter-routing-key": queueName(consumer),
+  // At-least-once dead-lettering needs reject-publish overflow (RabbitMQ ≥ 3.10).
+  "x-dead-letter-strategy": "at-least-once",
+  "x-overflow": "reject-publish",
+  "x-expires": config.retryQueueExpiryMs,
+})
 
 /**
  * The arguments of a consumer queue: its delivery limit (quorum only) and its
@@ -185,6 +204,25 @@ export const declareConsumerTopology = (
     }
     return { legacyQueue }
   })
+}
+
+/**
+ * What to tell the operator of a consumer queue that exists without txbox's
+ * dead-letter target and delivery limit: the policy that adds them.
+ */
+export const legacyQueueWarning = (
+  consumer: string,
+  config: Pick<ResolvedConfig, "deliveryLimit">,
+): string => {
+  const queue = queueName(consumer)
+  return (
+    `txbox amqp: queue ${queue} exists without txbox's dead-letter target and delivery limit ` +
+    `(declared by an earlier version or by hand), so RabbitMQ may drop a message that keeps ` +
+    `coming back (4.x does at 20 returns). Consuming it as it is. Add them with a policy: ` +
+    `rabbitmqctl set_policy --apply-to queues txbox-${consumer} '^${queue.replaceAll(".", "\\.")}$' ` +
+    `'{"dead-letter-exchange":"","dead-letter-routing-key":"${deadQueueName(consumer)}",` +
+    `"delivery-limit":${config.deliveryLimit}}' — or delete the queue (when empty) to have it redeclared.`
+  )
 }
 
 /** Settings for `declareTopology`: the transport's (same defaults) and the consumer's. */
