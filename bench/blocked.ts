@@ -8,7 +8,7 @@
 import { type Effect, ManagedRuntime } from "effect"
 import { sql } from "kysely"
 import { type InboxRow, InboxStore, type InboxStoreShape } from "../src/ports/InboxStore.ts"
-import * as PostgresStore from "../src/storage/PostgresStore.ts"
+import * as PgStore from "../src/storage/drivers/pg/PgStore.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import {
   log,
@@ -50,7 +50,7 @@ const row = (key: string, partitionKey: string | null, seq: number | null): Inbo
 /** Claim times (ms) of `claims` batches of unordered rows, each marked processed before the next. */
 const measure = async (databaseUrl: string, blocked: number): Promise<number[]> => {
   const bench = await createBenchDatabase(databaseUrl, "blocked")
-  const runtime = ManagedRuntime.make(PostgresStore.layer({ url: bench.url }))
+  const runtime = ManagedRuntime.make(PgStore.layer({ url: bench.url }))
   const use = <A>(f: (s: InboxStoreShape) => Effect.Effect<A, unknown>) =>
     runtime.runPromise(InboxStore.use(f))
   try {

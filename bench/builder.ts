@@ -1,8 +1,8 @@
 // What Kysely's typed builder costs per statement, next to the same statement as a `sql` template:
 // build + compile to SQL text, no database (a DummyDriver; nothing executes). Three ways: the
 // builder building and compiling on every call; the builder compiled once, each call binding its
-// parameters to the cached text (`prepare`, what the stores in storage/SqlOutboxStore.ts and
-// storage/SqlInboxStore.ts do); and the hand-written `sql` template they replaced.
+// parameters to the cached text (`prepare`, what the stores in storage/sql/SqlOutboxStore.ts and
+// storage/sql/SqlInboxStore.ts do); and the hand-written `sql` template they replaced.
 //
 //   bun bench/builder.ts [--quick] [--iterations 20000] [--rounds 7] [--marks 100]
 import {
@@ -18,8 +18,8 @@ import { uuidv7 } from "../src/core/uuid.ts"
 import type { InboxRow } from "../src/ports/InboxStore.ts"
 import type { OutboxMark } from "../src/ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../src/ports/tables.ts"
-import * as SqlInboxStore from "../src/storage/SqlInboxStore.ts"
-import * as SqlOutboxStore from "../src/storage/SqlOutboxStore.ts"
+import * as SqlInboxStore from "../src/storage/sql/SqlInboxStore.ts"
+import * as SqlOutboxStore from "../src/storage/sql/SqlOutboxStore.ts"
 import { log, main, median, parseArgs, printTable, round, writeResult } from "./support/harness.ts"
 
 const args = parseArgs()

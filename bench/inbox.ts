@@ -9,7 +9,7 @@
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import { sql } from "kysely"
 import * as Inbox from "../src/Inbox.ts"
-import * as PostgresStore from "../src/storage/PostgresStore.ts"
+import * as PgStore from "../src/storage/drivers/pg/PgStore.ts"
 import * as AmqpTransport from "../src/transport/amqp/AmqpTransport.ts"
 import { defaults } from "../src/transport/amqp/config.ts"
 import { consumerQueueArguments, deadQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
@@ -96,7 +96,7 @@ main(() =>
         await prefill()
         const runtime = ManagedRuntime.make(
           Layer.mergeAll(
-            PostgresStore.layer({ url: bench.url }),
+            PgStore.layer({ url: bench.url }),
             AmqpTransport.layer({
               url: services.amqpUrl,
               exchange,

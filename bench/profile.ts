@@ -11,7 +11,7 @@ import { Effect, ManagedRuntime } from "effect"
 import { uuidv7 } from "../src/core/uuid.ts"
 import { OutboxStore } from "../src/ports/OutboxStore.ts"
 import { type OutgoingMessage, Transport } from "../src/ports/Transport.ts"
-import * as PostgresStore from "../src/storage/PostgresStore.ts"
+import * as PgStore from "../src/storage/drivers/pg/PgStore.ts"
 import * as AmqpTransport from "../src/transport/amqp/AmqpTransport.ts"
 import { declareSink, type Encoded, type QueueType, rawPublish } from "./support/amqp.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
@@ -60,7 +60,7 @@ main(() =>
     const statementSummary: Record<string, number> = {}
     try {
       // 1. The database half: the relay's own claim and mark statements, every row marked sent.
-      const store = ManagedRuntime.make(PostgresStore.layer({ url: bench.url, listen: false }))
+      const store = ManagedRuntime.make(PgStore.layer({ url: bench.url, listen: false }))
       try {
         const outbox = await store.runPromise(
           Effect.gen(function* () {

@@ -102,7 +102,7 @@ const backend = async (): Promise<Backend> => {
 
   // Drivers load only when asked for, so the embedded demo never touches postgres.js or amqplib.
   const database = databaseUrl
-    ? (await import("../src/postgres.ts")).PostgresStore.layer({
+    ? (await import("../src/pg.ts")).PgStore.layer({
         url: databaseUrl,
         schema: TXBOX,
         connectTimeoutSeconds: 5,

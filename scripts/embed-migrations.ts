@@ -1,5 +1,5 @@
 /**
- * Writes src/storage/migrations.generated.ts from migrations/*.sql. The SQL
+ * Writes src/storage/sql/migrations.generated.ts from migrations/*.sql. The SQL
  * files are the single source of the schema; the generated module lets the
  * migrator run where files cannot be read (JSR imports, bundles, PGlite in a
  * browser). A unit test fails when the two drift: run `npm run embed-migrations`.
@@ -31,5 +31,5 @@ export const renderMigrationsModule = (): string => {
 }
 
 if (import.meta.main) {
-  writeFileSync(join(root, "src/storage/migrations.generated.ts"), renderMigrationsModule())
+  writeFileSync(join(root, "src/storage/sql/migrations.generated.ts"), renderMigrationsModule())
 }

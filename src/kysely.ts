@@ -3,7 +3,7 @@
  * the migrator. No driver: for a service that owns its pool, or an edge worker.
  */
 
-export type { KyselyStoreConfig } from "./storage/KyselyStore.ts"
-export * as KyselyStore from "./storage/KyselyStore.ts"
-export { migrations } from "./storage/migrations.generated.ts"
-export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/migrator.ts"
+export type { KyselyStoreConfig } from "./storage/drivers/kysely/KyselyStore.ts"
+export * as KyselyStore from "./storage/drivers/kysely/KyselyStore.ts"
+export { migrations } from "./storage/sql/migrations.generated.ts"
+export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/sql/migrator.ts"

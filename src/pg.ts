@@ -3,7 +3,7 @@
  * the migrator. Needs `pg` installed (an optional peer dependency of txbox).
  */
 
-export { migrations } from "./storage/migrations.generated.ts"
-export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/migrator.ts"
-export type { PgStoreConfig } from "./storage/PgStore.ts"
-export * as PgStore from "./storage/PgStore.ts"
+export type { PgStoreConfig } from "./storage/drivers/pg/PgStore.ts"
+export * as PgStore from "./storage/drivers/pg/PgStore.ts"
+export { migrations } from "./storage/sql/migrations.generated.ts"
+export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/sql/migrator.ts"

@@ -3,14 +3,14 @@
  * this process) and the migrator, which runs on it unchanged.
  */
 
-export { migrations } from "./storage/migrations.generated.ts"
-export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/migrator.ts"
-export type { PgliteStoreConfig } from "./storage/PgliteStore.ts"
-export * as PgliteStore from "./storage/PgliteStore.ts"
 export {
   Mutex,
   type PgliteClient,
   PgliteDialect,
   type PgliteDialectConfig,
   sessionLock,
-} from "./storage/pgliteDialect.ts"
+} from "./storage/drivers/pglite/dialect.ts"
+export type { PgliteStoreConfig } from "./storage/drivers/pglite/PgliteStore.ts"
+export * as PgliteStore from "./storage/drivers/pglite/PgliteStore.ts"
+export { migrations } from "./storage/sql/migrations.generated.ts"
+export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/sql/migrator.ts"

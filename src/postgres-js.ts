@@ -3,13 +3,13 @@
  * Needs `postgres` installed (an optional peer dependency of txbox).
  */
 
-export { migrations } from "./storage/migrations.generated.ts"
-export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/migrator.ts"
-export type { PostgresJsStoreConfig } from "./storage/PostgresJsStore.ts"
-export * as PostgresJsStore from "./storage/PostgresJsStore.ts"
 export {
   PostgresJsDialect,
   type PostgresJsDialectConfig,
   type PostgresJsPool,
   type PostgresJsReserved,
-} from "./storage/postgresJsDialect.ts"
+} from "./storage/drivers/postgres-js/dialect.ts"
+export type { PostgresJsStoreConfig } from "./storage/drivers/postgres-js/PostgresJsStore.ts"
+export * as PostgresJsStore from "./storage/drivers/postgres-js/PostgresJsStore.ts"
+export { migrations } from "./storage/sql/migrations.generated.ts"
+export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/sql/migrator.ts"

@@ -5,7 +5,7 @@ import { Effect } from "effect"
 import { Kysely, sql } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
-import { migrate } from "../../src/storage/migrator.ts"
+import { migrate } from "../../src/storage/sql/migrator.ts"
 import { BODY_BYTES } from "./payload.ts"
 
 export interface BenchDatabase {

@@ -12,7 +12,7 @@
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import { CompiledQuery } from "kysely"
 import * as Inbox from "../../src/Inbox.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { onCommands } from "./childIo.ts"
 import { HANDLED_INSERT } from "./hand.ts"
@@ -29,7 +29,7 @@ const emit = (event: Record<string, unknown>) => {
 
 const runtime = ManagedRuntime.make(
   Layer.mergeAll(
-    PostgresStore.layer({ url: env("DB_URL") }),
+    PgStore.layer({ url: env("DB_URL") }),
     AmqpTransport.layer({
       url: env("AMQP_URL"),
       exchange: env("EXCHANGE"),

@@ -1,8 +1,8 @@
-// The txbox relay, run in the bench's own process over the real PostgresStore and AmqpTransport,
+// The txbox relay, run in the bench's own process over the real PgStore and AmqpTransport,
 // timed from the moment its workers start until it has marked `expected` rows sent.
 import { Effect, Exit, Layer, ManagedRuntime, Scope, Tracer } from "effect"
 import * as Relay from "../../src/Relay.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import type { CpuMeter, CpuUse } from "./cpu.ts"
 import { sleep } from "./harness.ts"
@@ -68,7 +68,7 @@ export interface RelayRun {
 
 export const runRelayInProcess = async (o: RelayRunOptions): Promise<RelayRun> => {
   const infra = Layer.mergeAll(
-    PostgresStore.layer({ url: o.dbUrl }),
+    PgStore.layer({ url: o.dbUrl }),
     AmqpTransport.layer({ url: o.amqpUrl, exchange: o.exchange, failFast: true }),
   )
   const runtime = ManagedRuntime.make(infra)

@@ -7,7 +7,7 @@
 //      STATS_MS (default 1000); BATCH, WORKERS, LISTEN and POLL_MS unset or empty = the library's defaults
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import * as Relay from "../../src/Relay.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { onCommands } from "./childIo.ts"
 
@@ -23,7 +23,7 @@ const emit = (event: Record<string, unknown>) => {
 
 const runtime = ManagedRuntime.make(
   Layer.mergeAll(
-    PostgresStore.layer({
+    PgStore.layer({
       url: env("DB_URL"),
       ...(process.env.LISTEN ? { listen: process.env.LISTEN !== "false" } : {}),
     }),

@@ -5,7 +5,7 @@
  */
 import { Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
-import * as opsSql from "../storage/opsSql.ts"
+import * as opsSql from "../storage/sql/operations.ts"
 import { NotReadyError } from "./errors.ts"
 import { connectionFlags, jsonFlag, parsing, withDatabase } from "./options.ts"
 import { oneLine, print, printJson, table } from "./output.ts"

@@ -1,7 +1,7 @@
 /** `txbox migrate [--dry-run]`: applies migrations/*.sql to the schema, or shows what it would apply. */
 import { Effect } from "effect"
 import { Command, Flag } from "effect/cli"
-import { migrate, pending } from "../storage/migrator.ts"
+import { migrate, pending } from "../storage/sql/migrator.ts"
 import { connectionFlags, jsonFlag, withDatabase } from "./options.ts"
 import { print, printJson } from "./output.ts"
 

@@ -8,8 +8,9 @@ import { type Command, Flag } from "effect/cli"
 import { validateSchemaName } from "../core/identifier.ts"
 import type { ConfigError, StoreError } from "../Errors.ts"
 import type { DatabaseShape } from "../ports/Database.ts"
-import * as opsSql from "../storage/opsSql.ts"
-import * as PostgresStore from "../storage/PostgresStore.ts"
+import * as PgStore from "../storage/drivers/pg/PgStore.ts"
+import * as PostgresJsStore from "../storage/drivers/postgres-js/PostgresJsStore.ts"
+import * as opsSql from "../storage/sql/operations.ts"
 import { NotReadyError, UsageError } from "./errors.ts"
 
 export const connectionFlags = {
@@ -26,6 +27,9 @@ export const connectionFlags = {
     Flag.optional,
   ),
 } as const
+
+/** Each `--driver` value's store; node-postgres when none is given. */
+const stores = { pg: PgStore, "postgres.js": PostgresJsStore } as const
 
 export type Connection = Command.Command.Config.Infer<typeof connectionFlags>
 
@@ -58,11 +62,10 @@ export const withDatabase = <A, E, R>(
       return yield* new UsageError({ reason: "no database URL: pass --url or set DATABASE_URL" })
     }
     const schema = yield* parsing(() => validateSchemaName(connection.schema))
-    const driver = Option.getOrUndefined(connection.driver)
-    const db = yield* PostgresStore.make({
+    const store = stores[Option.getOrElse(connection.driver, () => "pg" as const)]
+    const db = yield* store.make({
       url,
       schema,
-      ...(driver === undefined ? {} : { driver }),
       // A command runs its statements one after another; LISTEN would only
       // hold a second connection open for nothing.
       listen: false,

@@ -3,7 +3,7 @@
  * points in time (a duration ago, or an ISO timestamp). Pure, so the rules
  * are unit-tested without a database.
  */
-import type { TimeBound } from "../storage/opsSql.ts"
+import type { TimeBound } from "../storage/sql/operations.ts"
 import { UsageError } from "./errors.ts"
 
 const UNIT_SECONDS: Readonly<Record<string, number>> = { s: 1, m: 60, h: 3600, d: 86_400, w: 604_800 }

@@ -6,7 +6,7 @@
 import { Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
 import type { StoreError } from "../Errors.ts"
-import * as opsSql from "../storage/opsSql.ts"
+import * as opsSql from "../storage/sql/operations.ts"
 import { UsageError } from "./errors.ts"
 import { connectionFlags, jsonFlag, parsing, withDatabase } from "./options.ts"
 import { print, printJson } from "./output.ts"

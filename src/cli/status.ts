@@ -1,7 +1,7 @@
 /** `txbox status`: how far behind the relay is, what is dead, per type, tenant and inbox consumer. */
 import { Effect } from "effect"
 import { Command } from "effect/cli"
-import * as opsSql from "../storage/opsSql.ts"
+import * as opsSql from "../storage/sql/operations.ts"
 import { connectionFlags, jsonFlag, withDatabase } from "./options.ts"
 import { oneLine, print, printJson, table } from "./output.ts"
 import { formatAge } from "./parse.ts"

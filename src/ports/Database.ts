@@ -38,7 +38,7 @@ export class Database extends DatabaseService {}
 
 /**
  * The schema holding txbox's tables: the one setting every part reads. A store
- * layer (`PostgresStore.layer({ schema })`, `PgliteStore.layer({ schema })`)
+ * layer (`PgStore.layer({ schema })`, `PgliteStore.layer({ schema })`)
  * provides it with the value its relay and inbox use, so `Outbox.enqueue` run
  * under that layer writes where the relay reads. Outside any store layer it is
  * "txbox"; provide `Layer.succeed(TxboxSchema)("name")` to change it there.

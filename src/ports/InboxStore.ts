@@ -1,9 +1,9 @@
 /**
  * The inbox as the consumer and its processor see it, in domain words. Every
  * row is keyed by (consumer, key) where the key is the message id or the
- * handler's business key: the key is the dedupe. `txbox/postgres` and
- * `txbox/pglite` provide it over SQL (`storage/SqlInboxStore.ts`);
- * `storage/MemoryInboxStore.ts` provides it in memory for unit tests.
+ * handler's business key: the key is the dedupe. The PostgreSQL, PGlite and
+ * Kysely stores provide it over SQL (`storage/sql/SqlInboxStore.ts`);
+ * `storage/memory/MemoryInboxStore.ts` provides it in memory for unit tests.
  */
 import { Context, type Effect, type Scope } from "effect"
 import type { Transaction } from "kysely"

@@ -1,9 +1,10 @@
 /**
  * The outbox as the relay sees it, in domain words: claim due messages under a
  * lease, settle them, hand a lease back, measure the lag, purge what was sent,
- * and wake up when something new commits. `txbox/postgres` and `txbox/pglite`
- * provide it over SQL (`storage/SqlOutboxStore.ts`); `storage/MemoryOutboxStore.ts`
- * provides it in memory for unit tests. Nothing here names a driver.
+ * and wake up when something new commits. The PostgreSQL, PGlite and Kysely
+ * stores provide it over SQL (`storage/sql/SqlOutboxStore.ts`);
+ * `storage/memory/MemoryOutboxStore.ts` provides it in memory for unit tests.
+ * Nothing here names a driver.
  */
 import { Context, type Effect, type Scope } from "effect"
 import type { StoreError } from "../Errors.ts"

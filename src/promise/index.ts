@@ -5,7 +5,7 @@
  *
  * ```ts
  * const txbox = createTxbox({
- *   database: PostgresStore.layer({ url }),   // from "txbox/postgres" (or PgliteStore from "txbox/pglite")
+ *   database: PgStore.layer({ url }),         // from "txbox/pg" (or PostgresJsStore, PgliteStore, KyselyStore)
  *   transport: AmqpTransport.layer({ url }),  // from "txbox/amqp" (or MemoryTransport from "txbox/memory")
  * })
  * await db.transaction().execute((trx) => txbox.enqueue(trx, OrderPlaced, { ... }))
@@ -26,7 +26,7 @@ import type { Transport } from "../ports/Transport.ts"
 import * as Relay from "../Relay.ts"
 
 export interface TxboxOptions {
-  /** A store layer: `PostgresStore.layer({ url, schema? })` or `PgliteStore.layer()`. Its schema is the one enqueue, relay and inbox use. */
+  /** A store layer: `PgStore.layer({ url, schema? })` (or another driver's store) or `PgliteStore.layer()`. Its schema is the one enqueue, relay and inbox use. */
   readonly database: Layer.Layer<TxboxStore, unknown>
   /** A transport layer: `AmqpTransport.layer({ url })` or `MemoryTransport.layer()`. */
   readonly transport: Layer.Layer<Transport, unknown>

@@ -9,7 +9,7 @@ import * as Inbox from "../../src/Inbox.ts"
 import * as Outbox from "../../src/Outbox.ts"
 import { OutboxStore } from "../../src/ports/OutboxStore.ts"
 import * as Relay from "../../src/Relay.ts"
-import * as KyselyStore from "../../src/storage/KyselyStore.ts"
+import * as KyselyStore from "../../src/storage/drivers/kysely/KyselyStore.ts"
 import * as MemoryTransport from "../../src/transport/memory/MemoryTransport.ts"
 import { eventually, type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
 

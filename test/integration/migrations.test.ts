@@ -5,10 +5,11 @@ import { Kysely, sql } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
 import { Database } from "../../src/ports/Database.ts"
-import { migrations } from "../../src/storage/migrations.generated.ts"
-import { migrate, pending } from "../../src/storage/migrator.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
+import { migrations } from "../../src/storage/sql/migrations.generated.ts"
+import { migrate, pending } from "../../src/storage/sql/migrator.ts"
 import { createTestDatabase, type TestDatabase } from "../support/db.ts"
+import { storeOf } from "../support/txbox.ts"
 
 let test_db: TestDatabase
 // biome-ignore lint/suspicious/noExplicitAny: reads of catalog tables
@@ -132,7 +133,7 @@ describe("the PostgreSQL store", () => {
         return yield* Effect.promise(connectionsNamedTxbox)
       })
       const open = await Effect.runPromise(
-        Effect.provide(program, PostgresStore.layer({ url: test_db.url, driver, listen: false })),
+        Effect.provide(program, storeOf(driver).layer({ url: test_db.url, listen: false })),
       )
       expect(open).toBeGreaterThan(0)
       // Pools end connections asynchronously after destroy; give the server a moment to notice.
@@ -152,7 +153,7 @@ describe("the PostgreSQL store", () => {
             return yield* Effect.tryPromise(() => sql`SELECT 1`.execute(store.db))
           }),
           Layer.orDie(
-            PostgresStore.layer({ url: url.toString(), driver, listen: false, connectTimeoutSeconds: 2 }),
+            storeOf(driver).layer({ url: url.toString(), listen: false, connectTimeoutSeconds: 2 }),
           ),
         ),
       )
@@ -168,7 +169,7 @@ describe("the PostgreSQL store", () => {
       [{ url: test_db.url, poolSize: 0 }, "poolSize"],
       [{ url: test_db.url, schema: "Bad-Name" }, "not a valid identifier"],
     ] as const) {
-      const exit = await Effect.runPromiseExit(Effect.provide(Effect.void, PostgresStore.layer(config)))
+      const exit = await Effect.runPromiseExit(Effect.provide(Effect.void, PgStore.layer(config)))
       expect(String(Exit.isFailure(exit) && exit.cause)).toContain(message)
     }
   })

@@ -13,7 +13,7 @@ import * as Outbox from "../../src/Outbox.ts"
 import { Database } from "../../src/ports/Database.ts"
 import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
 import * as Relay from "../../src/Relay.ts"
-import { cutoff, purgeIdleCursors, redriveDead } from "../../src/storage/opsSql.ts"
+import { cutoff, purgeIdleCursors, redriveDead } from "../../src/storage/sql/operations.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
 import {

@@ -6,7 +6,7 @@ import { Effect, Layer, ManagedRuntime } from "effect"
 import { sql } from "kysely"
 import postgres from "postgres"
 import { Database } from "../../src/ports/Database.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as PostgresJsStore from "../../src/storage/drivers/postgres-js/PostgresJsStore.ts"
 import { createTestDatabase } from "../support/db.ts"
 
 // The COMMIT of a transaction that wrote to `ledger` runs this long (a deferred trigger sleeps),
@@ -24,7 +24,7 @@ describe("postgres.js store: a connection of the pool closes while another commi
     const t = await createTestDatabase("pgjs_other_conn_closed")
     const admin = postgres(t.url, { max: 1, onnotice: () => {} })
     const runtime = ManagedRuntime.make(
-      Layer.orDie(PostgresStore.layer({ url: t.url, driver: "postgres.js", poolSize: 3, listen: false })),
+      Layer.orDie(PostgresJsStore.layer({ url: t.url, poolSize: 3, listen: false })),
     )
     try {
       await admin.unsafe(`

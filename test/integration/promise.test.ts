@@ -3,7 +3,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test"
 import { sql } from "kysely"
 import { ValidationError } from "../../src/Errors.ts"
 import { createTxbox, on } from "../../src/promise/index.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { Note } from "../fixtures/contracts.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
@@ -20,7 +20,7 @@ afterAll(async () => {
 test("a plain async/await service produces and consumes through txbox/promise", async () => {
   const consumer = uniqueName("plain")
   const txbox = createTxbox({
-    database: PostgresStore.layer({ url: t.url }),
+    database: PgStore.layer({ url: t.url }),
     transport: AmqpTransport.layer({ url: amqpUrl(), exchange: uniqueName("promise") }),
   })
   const relay = txbox.relay({ pollInterval: "100 millis" })

@@ -7,7 +7,7 @@ import { Effect } from "effect"
 import { Kysely, sql } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
-import { migrate } from "../../src/postgres.ts"
+import { migrate } from "../../src/pg.ts"
 import { OrderPaid, OrderPlaced } from "../soak/contract.ts"
 import { FAULT_KINDS, formatReport, runSoak, type SoakOptions, type SoakResult } from "../soak/soak.ts"
 import {
@@ -429,7 +429,7 @@ describe("soak: real processes under faults, judged from the tables", () => {
   )
 
   // The default driver is pg, so the runs with no driver option are pg's; postgres.js runs on the
-  // two runtimes the issue names, with its reservation guard (storage/renewingPostgresJs.ts).
+  // two runtimes the issue names, with its reservation guard (storage/drivers/postgres-js/renewingPool.ts).
   for (const runtime of ["bun", "node"] as const) {
     test(
       `postgres.js, ${runtime === "bun" ? "Bun" : "Node 22"}: exactly once under every fault`,

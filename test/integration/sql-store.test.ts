@@ -15,10 +15,9 @@ import { PGlite } from "@electric-sql/pglite"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { Kysely, type RawBuilder, sql } from "kysely"
 import type { TxboxStore } from "../../src/ports/stores.ts"
-import { migrate } from "../../src/storage/migrator.ts"
-import * as PgliteStore from "../../src/storage/PgliteStore.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
-import { PgliteDialect } from "../../src/storage/pgliteDialect.ts"
+import { PgliteDialect } from "../../src/storage/drivers/pglite/dialect.ts"
+import * as PgliteStore from "../../src/storage/drivers/pglite/PgliteStore.ts"
+import { migrate } from "../../src/storage/sql/migrator.ts"
 import {
   type InboxHarness,
   type InboxRowView,
@@ -27,7 +26,7 @@ import {
   type OutboxRowView,
   outboxStoreContract,
 } from "../support/storeContract.ts"
-import { type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
+import { type MigratedDatabase, migratedDatabase, storeOf } from "../support/txbox.ts"
 
 const SCHEMA = "txbox"
 const outbox = sql.id(SCHEMA, "outbox")
@@ -198,8 +197,7 @@ for (const driver of ["postgres.js", "pg"] as const) {
     const database: MigratedDatabase = await migratedDatabase(`sql_store_${driver}`, SCHEMA)
     return {
       db: database.db,
-      layer: () =>
-        Layer.orDie(PostgresStore.layer({ url: database.url, driver, schema: SCHEMA, listen: false })),
+      layer: () => Layer.orDie(storeOf(driver).layer({ url: database.url, schema: SCHEMA, listen: false })),
       close: database.close,
     }
   })

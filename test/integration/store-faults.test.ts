@@ -11,12 +11,11 @@ import { defineEvent } from "../../src/Contract.ts"
 import * as Outbox from "../../src/Outbox.ts"
 import { Database } from "../../src/ports/Database.ts"
 import * as Relay from "../../src/Relay.ts"
-import { migrate } from "../../src/storage/migrator.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import { migrate } from "../../src/storage/sql/migrator.ts"
 import * as MemoryTransport from "../../src/transport/memory/MemoryTransport.ts"
 import { createTestDatabase } from "../support/db.ts"
 import { startLocalPostgres } from "../support/postgres.ts"
-import { eventually } from "../support/txbox.ts"
+import { eventually, storeOf } from "../support/txbox.ts"
 
 const Ping = defineEvent({ type: "outage.ping", version: 1, schema: v.object({ n: v.number() }) })
 
@@ -35,7 +34,7 @@ describe("the PostgreSQL store through a 12 s database outage", () => {
         Relay.layer({ pollInterval: "1 hour" }).pipe(
           Layer.provide(
             Layer.mergeAll(
-              Layer.orDie(PostgresStore.layer({ url: server.url, driver, poolSize: 2 })),
+              Layer.orDie(storeOf(driver).layer({ url: server.url, poolSize: 2 })),
               MemoryTransport.layerFrom(broker),
             ),
           ),
@@ -99,7 +98,7 @@ describe("a LISTEN connection cut while its role may not log in", () => {
         Relay.layer({ pollInterval: "1 hour" }).pipe(
           Layer.provide(
             Layer.mergeAll(
-              Layer.orDie(PostgresStore.layer({ url: appUrl, driver, poolSize: 2 })),
+              Layer.orDie(storeOf(driver).layer({ url: appUrl, poolSize: 2 })),
               MemoryTransport.layerFrom(broker),
             ),
           ),
@@ -142,9 +141,7 @@ describe("a backend killed inside an application transaction on the store's Kyse
     test(`with ${driver}: the transaction fails with a connection error, nothing is thrown outside it, the next one commits`, async () => {
       const t = await createTestDatabase(`killed_trx_${driver.replace(".", "")}`)
       const admin = postgres(t.url, { max: 1, onnotice: () => {} })
-      const runtime = ManagedRuntime.make(
-        Layer.orDie(PostgresStore.layer({ url: t.url, driver, poolSize: 2 })),
-      )
+      const runtime = ManagedRuntime.make(Layer.orDie(storeOf(driver).layer({ url: t.url, poolSize: 2 })))
       // postgres.js 3.4.9 alone throws a TypeError from a timer here (a write on the dropped socket):
       // on Node it ends the process, on Bun it leaves the statement waiting forever.
       const uncaught: unknown[] = []

@@ -166,19 +166,9 @@ describe("package.json and jsr.json", () => {
     expect(pkg.homepage).toMatch(/^https:\/\//)
   })
 
-  test("export every public entry: one per driver, the driver-free ones, and txbox/postgres kept", () => {
+  test("export every public entry: one per driver and the driver-free ones", () => {
     expect([...subpaths].sort()).toEqual(
-      [
-        ".",
-        "./pg",
-        "./postgres-js",
-        "./pglite",
-        "./kysely",
-        "./amqp",
-        "./memory",
-        "./postgres",
-        "./promise",
-      ].sort(),
+      [".", "./pg", "./postgres-js", "./pglite", "./kysely", "./amqp", "./memory", "./promise"].sort(),
     )
   })
 
@@ -940,7 +930,5 @@ describe("the entries", () => {
     expect(await drivers("pglite.ts")).toEqual(["@electric-sql/pglite"])
     expect(await drivers("amqp.ts")).toEqual(["amqplib"])
     expect(await drivers("kysely.ts")).toEqual([])
-    // The compatibility entry loads whichever its `driver` setting names.
-    expect(await drivers("postgres.ts")).toEqual(["pg", "postgres"])
   })
 })

@@ -2,7 +2,8 @@
 // wiring of the README quickstart, and a life that ends on SIGTERM (gracefully) or SIGKILL.
 import { writeSync } from "node:fs"
 import { Cause, Effect, Exit, Fiber } from "effect"
-import type { PostgresStoreConfig } from "../../src/postgres.ts"
+import { PgStore } from "../../src/pg.ts"
+import { PostgresJsStore } from "../../src/postgres-js.ts"
 
 export const required = (name: string): string => {
   const value = process.env[name]
@@ -11,16 +12,16 @@ export const required = (name: string): string => {
 }
 
 /**
- * The store's configuration: `driver` only when DRIVER is set. Unset means the library's default,
- * with no driver option at all, so the suite exercises exactly what a user gets by default.
+ * The store of DRIVER: `PostgresJsStore` for postgres.js, `PgStore` for pg. Unset means the
+ * library's default driver (`PgStore`, node-postgres), so the suite exercises exactly what a user
+ * gets by default.
  */
-export const storeConfig = (): PostgresStoreConfig => {
+export const storeLayer = () => {
   const url = required("DB_URL")
   const driver = process.env.DRIVER
-  if (driver === undefined || driver === "") return { url }
-  if (driver !== "pg" && driver !== "postgres.js")
-    throw new Error(`DRIVER must be pg or postgres.js, got ${driver}`)
-  return { url, driver }
+  if (driver === undefined || driver === "" || driver === "pg") return PgStore.layer({ url })
+  if (driver === "postgres.js") return PostgresJsStore.layer({ url })
+  throw new Error(`DRIVER must be pg or postgres.js, got ${driver}`)
 }
 
 /**

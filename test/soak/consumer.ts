@@ -10,8 +10,7 @@
 import { Effect, Layer } from "effect"
 import { AmqpTransport } from "../../src/amqp.ts"
 import { type Delivery, Inbox } from "../../src/index.ts"
-import { PostgresStore } from "../../src/postgres.ts"
-import { announce, logLine, required, runUntilSigterm, storeConfig } from "./child.ts"
+import { announce, logLine, required, runUntilSigterm, storeLayer } from "./child.ts"
 import { CONTRACTS, type SoakType } from "./contract.ts"
 
 const consumer = required("CONSUMER")
@@ -42,7 +41,7 @@ const afterCommit = (delivery: Delivery) =>
   })
 
 const infra = Layer.mergeAll(
-  PostgresStore.layer(storeConfig()),
+  storeLayer(),
   AmqpTransport.layer({ url: required("AMQP_URL"), exchange: required("EXCHANGE") }),
 )
 

@@ -11,8 +11,7 @@
 import { randomUUID } from "node:crypto"
 import { Effect, ManagedRuntime } from "effect"
 import { Database, Outbox } from "../../src/index.ts"
-import { PostgresStore } from "../../src/postgres.ts"
-import { announce, logLine, storeConfig } from "./child.ts"
+import { announce, logLine, storeLayer } from "./child.ts"
 import { OrderPaid, OrderPlaced } from "./contract.ts"
 
 const rate = Number(process.env.RATE ?? "25")
@@ -24,7 +23,7 @@ const name = process.env.PRODUCER ?? "producer"
 
 class IntendedRollback extends Error {}
 
-const runtime = ManagedRuntime.make(PostgresStore.layer(storeConfig()))
+const runtime = ManagedRuntime.make(storeLayer())
 const { db } = await runtime.runPromise(
   Effect.gen(function* () {
     return yield* Database

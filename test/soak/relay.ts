@@ -5,11 +5,10 @@
 import { Effect, Layer } from "effect"
 import { AmqpTransport } from "../../src/amqp.ts"
 import { Relay } from "../../src/index.ts"
-import { PostgresStore } from "../../src/postgres.ts"
-import { announce, required, runUntilSigterm, storeConfig } from "./child.ts"
+import { announce, required, runUntilSigterm, storeLayer } from "./child.ts"
 
 const infra = Layer.mergeAll(
-  PostgresStore.layer(storeConfig()),
+  storeLayer(),
   // The exchange is named per run only to isolate runs sharing a broker; it changes no behaviour.
   AmqpTransport.layer({ url: required("AMQP_URL"), exchange: required("EXCHANGE") }),
 )

@@ -25,7 +25,7 @@ import {
 } from "../../src/ports/InboxStore.ts"
 import type { Verdict } from "../../src/ports/lease.ts"
 import { OutboxStore, type OutboxStoreShape } from "../../src/ports/OutboxStore.ts"
-import { CHAINED_PER_CLAIM } from "../../src/storage/partitionGate.ts"
+import { CHAINED_PER_CLAIM } from "../../src/storage/sql/partitionGate.ts"
 
 // ---------------------------------------------------------------------------------------------
 // Harnesses

@@ -6,8 +6,9 @@ import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
 import type { TxboxStore } from "../../src/ports/stores.ts"
 import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
-import { migrate } from "../../src/storage/migrator.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
+import * as PostgresJsStore from "../../src/storage/drivers/postgres-js/PostgresJsStore.ts"
+import { migrate } from "../../src/storage/sql/migrator.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { amqpUrl, createTestDatabase, type TestDatabase } from "./db.ts"
 
@@ -39,12 +40,18 @@ export const migratedDatabase = async (prefix: string, schema = "txbox"): Promis
   }
 }
 
+export type Driver = "postgres.js" | "pg"
+
+/** The store of `driver`: `PgStore` (node-postgres, the default driver) when none is given. */
+export const storeOf = (driver: Driver = "pg"): typeof PgStore | typeof PostgresJsStore =>
+  driver === "pg" ? PgStore : PostgresJsStore
+
 export const storeLayer = (
   url: string,
-  options: { driver?: "postgres.js" | "pg"; schema?: string; poolSize?: number } = {},
+  { driver, ...options }: { driver?: Driver; schema?: string; poolSize?: number } = {},
 ): Layer.Layer<TxboxStore> =>
   // No driver given: the library's default, which is what users run.
-  Layer.orDie(PostgresStore.layer({ url, ...options }))
+  Layer.orDie(storeOf(driver).layer({ url, ...options }))
 
 /** A runtime over `layer` for a test; dispose it to close pools and stop loops. */
 export const runtimeOf = <R, E>(layer: Layer.Layer<R, E>) => ManagedRuntime.make(layer)

@@ -9,7 +9,7 @@ import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
 import type { InboxStoreShape } from "../../src/ports/InboxStore.ts"
 import { Transport } from "../../src/ports/Transport.ts"
-import * as MemoryInboxStore from "../../src/storage/MemoryInboxStore.ts"
+import * as MemoryInboxStore from "../../src/storage/memory/MemoryInboxStore.ts"
 import * as MemoryTransport from "../../src/transport/memory/MemoryTransport.ts"
 
 const Note = defineEvent({ type: "test.note", version: 1, schema: v.object({ n: v.number() }) })

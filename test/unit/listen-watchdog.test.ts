@@ -4,7 +4,7 @@ import { describe, expect, test } from "bun:test"
 import { Effect, Exit, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { StoreError } from "../../src/Errors.ts"
-import { PING_PAYLOAD, watchedListen } from "../../src/storage/listenWatchdog.ts"
+import { PING_PAYLOAD, watchedListen } from "../../src/storage/drivers/shared/listenWatchdog.ts"
 
 const run = <A, E>(body: Effect.Effect<A, E, Scope.Scope>) =>
   Effect.runPromise(body.pipe(Effect.scoped, Effect.provide(TestClock.layer())))

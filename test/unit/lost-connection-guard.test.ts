@@ -3,7 +3,7 @@
 import { describe, expect, test } from "bun:test"
 import { spawnSync } from "node:child_process"
 import { join } from "node:path"
-import { isPostgresJsConnectionLoss } from "../../src/storage/lostConnectionRejections.ts"
+import { isPostgresJsConnectionLoss } from "../../src/storage/drivers/postgres-js/lostConnectionRejections.ts"
 
 const ROOT = join(import.meta.dir, "../..")
 const run = (env: Record<string, string>) => {

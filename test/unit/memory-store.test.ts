@@ -8,8 +8,8 @@ import { uuidv7 } from "../../src/core/uuid.ts"
 import { StoreError } from "../../src/Errors.ts"
 import { InboxStore, type InboxTransaction } from "../../src/ports/InboxStore.ts"
 import { OutboxStore } from "../../src/ports/OutboxStore.ts"
-import * as MemoryInboxStore from "../../src/storage/MemoryInboxStore.ts"
-import * as MemoryOutboxStore from "../../src/storage/MemoryOutboxStore.ts"
+import * as MemoryInboxStore from "../../src/storage/memory/MemoryInboxStore.ts"
+import * as MemoryOutboxStore from "../../src/storage/memory/MemoryOutboxStore.ts"
 import {
   type InboxHarness,
   inboxRow,

@@ -8,7 +8,7 @@ import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
 import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
-import * as MemoryInboxStore from "../../src/storage/MemoryInboxStore.ts"
+import * as MemoryInboxStore from "../../src/storage/memory/MemoryInboxStore.ts"
 import * as MemoryTransport from "../../src/transport/memory/MemoryTransport.ts"
 
 const Step = defineEvent({

@@ -8,11 +8,10 @@ import * as AmqpTransport from "../../src/amqpTransport.ts"
 import { loadDriver, missingDriverMessage } from "../../src/drivers.ts"
 import { ConfigError } from "../../src/Errors.ts"
 import { Database } from "../../src/ports/Database.ts"
-import * as KyselyStore from "../../src/storage/KyselyStore.ts"
-import * as PgliteStore from "../../src/storage/PgliteStore.ts"
-import * as PgStore from "../../src/storage/PgStore.ts"
-import * as PostgresJsStore from "../../src/storage/PostgresJsStore.ts"
-import * as PostgresStore from "../../src/storage/PostgresStore.ts"
+import * as KyselyStore from "../../src/storage/drivers/kysely/KyselyStore.ts"
+import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
+import * as PgliteStore from "../../src/storage/drivers/pglite/PgliteStore.ts"
+import * as PostgresJsStore from "../../src/storage/drivers/postgres-js/PostgresJsStore.ts"
 
 /** What Node says for `import("pg")` when pg is not installed. */
 const notInstalled = (name: string) =>
@@ -49,7 +48,7 @@ describe("a driver that is not installed", () => {
 
   test("Bun's and Deno's wording of a missing module are recognised too", () => {
     for (const text of [
-      "Cannot find module 'postgres' from '/app/node_modules/txbox/src/storage/postgresJs.ts'",
+      "Cannot find module 'postgres' from '/app/node_modules/txbox/src/storage/drivers/postgres-js/database.ts'",
       'Could not resolve "postgres"',
       'Relative import path "postgres" not prefixed with / or ./ or ../ and not in import map',
     ]) {
@@ -72,10 +71,8 @@ describe("a driver that is not installed", () => {
   test("a store's settings are checked before its driver is loaded", async () => {
     const error = await layerFailure(PgStore.layer({ url: "mysql://db/app" }))
     expect(error.message).toContain("database URL must start with postgres://")
-    const bad = await layerFailure(
-      PostgresStore.layer({ url: "postgres://db/app", driver: "mysql" as never }),
-    )
-    expect(bad.message).toContain('driver must be "pg" or "postgres.js"')
+    const bad = await layerFailure(PostgresJsStore.layer({ url: "mysql://db/app" }))
+    expect(bad.message).toContain("database URL must start with postgres://")
   })
 })
 
@@ -85,7 +82,6 @@ describe("layerConfig", () => {
     for (const layer of [
       PgStore.layerConfig({ url: Config.Redacted("DATABASE_URL") }),
       PostgresJsStore.layerConfig({ url: Config.Redacted("DATABASE_URL"), poolSize: Config.succeed(2) }),
-      PostgresStore.layerConfig({ url: Config.Redacted("DATABASE_URL") }),
     ]) {
       const error = await layerFailure(layer, provider)
       expect(error).toBeInstanceOf(ConfigError)

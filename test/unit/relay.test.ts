@@ -8,7 +8,7 @@ import { StoreError, TransportError } from "../../src/Errors.ts"
 import { OutboxStore, type OutboxStoreShape } from "../../src/ports/OutboxStore.ts"
 import { type OutgoingMessage, Transport, type TransportShape } from "../../src/ports/Transport.ts"
 import * as Relay from "../../src/Relay.ts"
-import * as MemoryOutboxStore from "../../src/storage/MemoryOutboxStore.ts"
+import * as MemoryOutboxStore from "../../src/storage/memory/MemoryOutboxStore.ts"
 import * as MemoryTransport from "../../src/transport/memory/MemoryTransport.ts"
 
 const TYPE = "orders.placed"

@@ -3,7 +3,7 @@
 // transaction) and the postgres.js soak (test/integration/soak.test.ts).
 import { describe, expect, test } from "bun:test"
 import type postgres from "postgres"
-import { makeRenewingClient } from "../../src/storage/renewingPostgresJs.ts"
+import { makeRenewingClient } from "../../src/storage/drivers/postgres-js/renewingPool.ts"
 
 interface FakePool {
   readonly id: number

@@ -5,7 +5,7 @@ import { renderMigrationsModule } from "../../scripts/embed-migrations.ts"
 import { classifyDbError } from "../../src/core/dbErrors.ts"
 import { validateSchemaName } from "../../src/core/identifier.ts"
 import { isUuid, uuidv7 } from "../../src/core/uuid.ts"
-import { splitStatements } from "../../src/storage/sqlSplit.ts"
+import { splitStatements } from "../../src/storage/sql/splitStatements.ts"
 
 describe("schema names", () => {
   test("plain identifiers pass", () => {
@@ -22,7 +22,10 @@ describe("schema names", () => {
 
 describe("migrations", () => {
   test("the embedded module matches migrations/*.sql (run `npm run embed-migrations` if not)", () => {
-    const committed = readFileSync(join(import.meta.dir, "../../src/storage/migrations.generated.ts"), "utf8")
+    const committed = readFileSync(
+      join(import.meta.dir, "../../src/storage/sql/migrations.generated.ts"),
+      "utf8",
+    )
     expect(committed).toBe(renderMigrationsModule())
   })
   test("statements split on ; outside strings, comments and $$ bodies", () => {

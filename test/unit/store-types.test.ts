@@ -13,8 +13,8 @@ import {
 } from "kysely"
 import type { InboxRow } from "../../src/ports/InboxStore.ts"
 import type { TxboxDatabase } from "../../src/ports/tables.ts"
-import * as SqlInboxStore from "../../src/storage/SqlInboxStore.ts"
-import * as SqlOutboxStore from "../../src/storage/SqlOutboxStore.ts"
+import * as SqlInboxStore from "../../src/storage/sql/SqlInboxStore.ts"
+import * as SqlOutboxStore from "../../src/storage/sql/SqlOutboxStore.ts"
 
 const compileOnly = (): Kysely<TxboxDatabase> =>
   new Kysely<TxboxDatabase>({

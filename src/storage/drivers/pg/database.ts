@@ -6,12 +6,12 @@
 import { Effect, type Scope } from "effect"
 import { Kysely, PostgresDialect } from "kysely"
 import type pg from "pg"
-import { classifyDbError } from "../core/dbErrors.ts"
-import { defaultExport, loadDriver } from "../drivers.ts"
-import type { ConfigError, StoreError } from "../Errors.ts"
-import type { DatabaseShape } from "../ports/Database.ts"
-import { PING_PAYLOAD } from "./listenWatchdog.ts"
-import { relisten, relistenForever, type ValidConnection } from "./postgresCommon.ts"
+import { classifyDbError } from "../../../core/dbErrors.ts"
+import { defaultExport, loadDriver } from "../../../drivers.ts"
+import type { ConfigError, StoreError } from "../../../Errors.ts"
+import type { DatabaseShape } from "../../../ports/Database.ts"
+import { PING_PAYLOAD } from "../shared/listenWatchdog.ts"
+import { relisten, relistenForever, type ValidConnection } from "../shared/postgresConnection.ts"
 
 /**
  * Makes COMMIT of an aborted transaction fail instead of rolling back

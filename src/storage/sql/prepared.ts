@@ -2,7 +2,7 @@
  * Statements compiled once per store and run many times (see `prepare`).
  */
 import { type CompiledQuery, createQueryId, type Kysely } from "kysely"
-import type { TxboxDatabase } from "../ports/tables.ts"
+import type { TxboxDatabase } from "../../ports/tables.ts"
 
 /**
  * A statement compiled once and run many times. Kysely builds and compiles a

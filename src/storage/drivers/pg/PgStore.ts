@@ -6,14 +6,14 @@
  * `ConfigError` that says `npm i pg`.
  */
 import { type Config, Effect, Layer, type Scope } from "effect"
-import { validateConfig } from "../core/config.ts"
-import type { ConfigError } from "../Errors.ts"
-import { fromConfig } from "../layerConfig.ts"
-import { Database, type DatabaseShape } from "../ports/Database.ts"
-import type { TxboxStore } from "../ports/stores.ts"
-import { open } from "./nodePostgres.ts"
-import { type PostgresConnectionConfig, validateConnection } from "./postgresCommon.ts"
-import { sqlStores } from "./storeLayer.ts"
+import { validateConfig } from "../../../core/config.ts"
+import type { ConfigError } from "../../../Errors.ts"
+import { fromConfig } from "../../../layerConfig.ts"
+import { Database, type DatabaseShape } from "../../../ports/Database.ts"
+import type { TxboxStore } from "../../../ports/stores.ts"
+import { type PostgresConnectionConfig, validateConnection } from "../shared/postgresConnection.ts"
+import { sqlStores } from "../shared/sqlStores.ts"
+import { open } from "./database.ts"
 
 /** `url` (a string or `Redacted`), `schema`, `poolSize`, `listen`, `connectTimeoutSeconds`. */
 export type PgStoreConfig = PostgresConnectionConfig

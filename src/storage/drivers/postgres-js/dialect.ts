@@ -7,7 +7,7 @@
  * configs it declares only the methods it calls, and imports no driver.
  */
 import type { CompiledQuery, DatabaseConnection, Driver, QueryResult } from "kysely"
-import { PostgresDialectBase, PostgresSessionDriver } from "./postgresDialectParts.ts"
+import { PostgresDialectBase, PostgresSessionDriver } from "../shared/postgresDialect.ts"
 
 /** A reserved postgres.js connection, as far as the driver uses it. */
 export interface PostgresJsReserved {

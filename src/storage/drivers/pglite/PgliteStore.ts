@@ -6,7 +6,7 @@
  * What differs from PostgreSQL:
  * - ONE connection. Statements from concurrent fibers run one after another,
  *   and a transaction holds the connection from BEGIN to COMMIT (see
- *   pgliteDialect.ts), so two relay workers or two consumers take turns
+ *   dialect.ts), so two relay workers or two consumers take turns
  *   rather than claim in parallel. Throughput is one session's: enough for
  *   a demo, tests, a CLI or a small single-process app.
  * - `FOR UPDATE SKIP LOCKED` is a no-op in effect: nobody else can hold a row
@@ -36,16 +36,16 @@
 import type { PGlite } from "@electric-sql/pglite"
 import { type Config, Effect, Layer, type Scope } from "effect"
 import * as kysely from "kysely"
-import { validateConfig } from "../core/config.ts"
-import { classifyDbError } from "../core/dbErrors.ts"
-import { validateSchemaName } from "../core/identifier.ts"
-import { loadDriver } from "../drivers.ts"
-import { ConfigError, StoreError } from "../Errors.ts"
-import { fromConfig } from "../layerConfig.ts"
-import { Database, type DatabaseShape } from "../ports/Database.ts"
-import type { TxboxStore } from "../ports/stores.ts"
-import { PgliteDialect, sessionLock } from "./pgliteDialect.ts"
-import { sqlStores } from "./storeLayer.ts"
+import { validateConfig } from "../../../core/config.ts"
+import { classifyDbError } from "../../../core/dbErrors.ts"
+import { validateSchemaName } from "../../../core/identifier.ts"
+import { loadDriver } from "../../../drivers.ts"
+import { ConfigError, StoreError } from "../../../Errors.ts"
+import { fromConfig } from "../../../layerConfig.ts"
+import { Database, type DatabaseShape } from "../../../ports/Database.ts"
+import type { TxboxStore } from "../../../ports/stores.ts"
+import { sqlStores } from "../shared/sqlStores.ts"
+import { PgliteDialect, sessionLock } from "./dialect.ts"
 
 export interface PgliteStoreConfig {
   /**

@@ -4,10 +4,10 @@
  * setting that `Outbox.enqueue` reads, all from the one `schema` option.
  */
 import { Effect, Layer } from "effect"
-import { Database, TxboxSchema } from "../ports/Database.ts"
-import type { TxboxStore } from "../ports/stores.ts"
-import * as SqlInboxStore from "./SqlInboxStore.ts"
-import * as SqlOutboxStore from "./SqlOutboxStore.ts"
+import { Database, TxboxSchema } from "../../../ports/Database.ts"
+import type { TxboxStore } from "../../../ports/stores.ts"
+import * as SqlInboxStore from "../../sql/SqlInboxStore.ts"
+import * as SqlOutboxStore from "../../sql/SqlOutboxStore.ts"
 
 const schemaFromDatabase: Layer.Layer<never, never, Database> = Layer.effect(
   TxboxSchema,

@@ -2,7 +2,7 @@
  * The `OutboxStore` port in memory, for unit tests of the relay: no database,
  * and every "now" read from Effect's `Clock`, so `TestClock.adjust` is what
  * expires leases and brings retries due (never a real sleep). Each operation
- * mirrors its SQL statement (storage/SqlOutboxStore.ts), including the rules
+ * mirrors its SQL statement (storage/sql/SqlOutboxStore.ts), including the rules
  * that matter to the relay: a claim skips rows another claim holds, a mark or
  * release only touches rows its token still holds.
  *
@@ -13,17 +13,17 @@
  * `ManagedRuntime.make(Layer.merge(layer(handle), TestClock.layer()))`.
  */
 import { Effect, Layer } from "effect"
-import { uuidv7 } from "../core/uuid.ts"
-import { StoreError } from "../Errors.ts"
-import type { Claim } from "../ports/lease.ts"
+import { uuidv7 } from "../../core/uuid.ts"
+import { StoreError } from "../../Errors.ts"
+import type { Claim } from "../../ports/lease.ts"
 import {
   type OutboxMark,
   type OutboxMessage,
   OutboxStore,
   type OutboxStoreShape,
-} from "../ports/OutboxStore.ts"
-import type { PartitionPosition } from "../ports/Transport.ts"
-import { applyFailure, makeWakeups } from "./memoryLease.ts"
+} from "../../ports/OutboxStore.ts"
+import type { PartitionPosition } from "../../ports/Transport.ts"
+import { applyFailure, makeWakeups } from "./failureAndWakeups.ts"
 
 /** A message to seed, as a producer's committed transaction would have written it. */
 export interface MemoryOutboxInsert {

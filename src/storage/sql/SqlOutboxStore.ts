@@ -18,21 +18,21 @@
  */
 import { Effect, Layer } from "effect"
 import { type CompiledQuery, createQueryId, type Kysely, sql } from "kysely"
-import { tryStore } from "../core/dbErrors.ts"
-import { storableMessage } from "../core/storable.ts"
-import { uuidv7 } from "../core/uuid.ts"
-import { Database, notifyChannel } from "../ports/Database.ts"
-import type { Claim } from "../ports/lease.ts"
+import { tryStore } from "../../core/dbErrors.ts"
+import { storableMessage } from "../../core/storable.ts"
+import { uuidv7 } from "../../core/uuid.ts"
+import { Database, notifyChannel } from "../../ports/Database.ts"
+import type { Claim } from "../../ports/lease.ts"
 import {
   type OutboxMark,
   type OutboxMessage,
   OutboxStore,
   type OutboxStoreShape,
-} from "../ports/OutboxStore.ts"
-import type { TxboxDatabase } from "../ports/tables.ts"
-import * as opsSql from "./opsSql.ts"
+} from "../../ports/OutboxStore.ts"
+import type { TxboxDatabase } from "../../ports/tables.ts"
+import { affected, now, nowPlusMs, pending } from "./fragments.ts"
+import * as opsSql from "./operations.ts"
 import { prepare } from "./prepared.ts"
-import { affected, now, nowPlusMs, pending } from "./sqlFragments.ts"
 
 /** A claimed row as the database returns it. */
 export interface ClaimedRow {

@@ -18,11 +18,11 @@ import {
   sql,
   type Transaction,
 } from "kysely"
-import { tryStore } from "../core/dbErrors.ts"
-import { standInsFor } from "../core/standIn.ts"
-import { storableMessage } from "../core/storable.ts"
-import { uuidv7 } from "../core/uuid.ts"
-import { Database, notifyChannel } from "../ports/Database.ts"
+import { tryStore } from "../../core/dbErrors.ts"
+import { standInsFor } from "../../core/standIn.ts"
+import { storableMessage } from "../../core/storable.ts"
+import { uuidv7 } from "../../core/uuid.ts"
+import { Database, notifyChannel } from "../../ports/Database.ts"
 import {
   type InboxMark,
   type InboxRow,
@@ -30,12 +30,12 @@ import {
   type InboxStoreShape,
   type InboxTransaction,
   type OrderedDeadPolicy,
-} from "../ports/InboxStore.ts"
-import type { Claim } from "../ports/lease.ts"
-import type { TxboxDatabase } from "../ports/tables.ts"
+} from "../../ports/InboxStore.ts"
+import type { Claim } from "../../ports/lease.ts"
+import type { TxboxDatabase } from "../../ports/tables.ts"
+import { affected, cursorForward, now, nowPlusMs, pending, pendingOfKey, waitsForOf } from "./fragments.ts"
 import { CHAINED_PER_CLAIM, chainOrder } from "./partitionGate.ts"
 import { prepare } from "./prepared.ts"
-import { affected, cursorForward, now, nowPlusMs, pending, pendingOfKey, waitsForOf } from "./sqlFragments.ts"
 import { withTransaction } from "./transaction.ts"
 
 /** An inbox row as the database returns it, and as rows travel in the batch inserts' JSON parameter. */

@@ -9,13 +9,13 @@
  */
 import { Effect, Layer } from "effect"
 import type { Kysely, KyselyPlugin } from "kysely"
-import { validateConfig } from "../core/config.ts"
-import { validateSchemaName } from "../core/identifier.ts"
-import { ConfigError } from "../Errors.ts"
-import { Database, type DatabaseShape } from "../ports/Database.ts"
-import { InboxStore, type InboxStoreShape } from "../ports/InboxStore.ts"
-import type { TxboxStore } from "../ports/stores.ts"
-import { sqlStores } from "./storeLayer.ts"
+import { validateConfig } from "../../../core/config.ts"
+import { validateSchemaName } from "../../../core/identifier.ts"
+import { ConfigError } from "../../../Errors.ts"
+import { Database, type DatabaseShape } from "../../../ports/Database.ts"
+import { InboxStore, type InboxStoreShape } from "../../../ports/InboxStore.ts"
+import type { TxboxStore } from "../../../ports/stores.ts"
+import { sqlStores } from "../shared/sqlStores.ts"
 
 export interface KyselyStoreConfig {
   /** The app's Kysely on PostgreSQL (or PGlite). Left open when the layer closes. */

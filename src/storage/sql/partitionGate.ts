@@ -4,7 +4,7 @@
  * skip`). The SQL claim states the same rule as `notEarly` in
  * `SqlInboxStore.ts`; the store contract holds the two to it.
  */
-import type { PartitionPosition } from "../ports/Transport.ts"
+import type { PartitionPosition } from "../../ports/Transport.ts"
 
 /** A consumer's place in a key: the last number it handled, in which epoch. */
 export interface PartitionCursor {

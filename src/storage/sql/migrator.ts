@@ -12,11 +12,11 @@
 
 import { Effect } from "effect"
 import { type Kysely, sql } from "kysely"
-import { validateConfig } from "../core/config.ts"
-import { quoteIdent, validateSchemaName } from "../core/identifier.ts"
-import { type ConfigError, StoreError } from "../Errors.ts"
+import { validateConfig } from "../../core/config.ts"
+import { quoteIdent, validateSchemaName } from "../../core/identifier.ts"
+import { type ConfigError, StoreError } from "../../Errors.ts"
 import { migrations as embedded } from "./migrations.generated.ts"
-import { splitStatements } from "./sqlSplit.ts"
+import { splitStatements } from "./splitStatements.ts"
 
 export interface Migration {
   readonly version: number

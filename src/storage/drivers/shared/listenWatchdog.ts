@@ -9,7 +9,7 @@
  * and is subscribed again. The same check catches a half-open socket.
  */
 import { Effect, type Scope } from "effect"
-import type { StoreError } from "../Errors.ts"
+import type { StoreError } from "../../../Errors.ts"
 
 /** The payload of a liveness ping: never a wake-up. Kept short; NOTIFY payloads share a queue. */
 export const PING_PAYLOAD = "txbox:ping"

@@ -21,7 +21,7 @@
  * (`query`), so the dialect module imports nothing from PGlite.
  */
 import type { CompiledQuery, DatabaseConnection, Driver, QueryResult } from "kysely"
-import { PostgresDialectBase, PostgresSessionDriver } from "./postgresDialectParts.ts"
+import { PostgresDialectBase, PostgresSessionDriver } from "../shared/postgresDialect.ts"
 
 /** The part of a PGlite instance (or `PGliteWorker`) the driver uses. */
 export interface PgliteClient {

@@ -2,23 +2,23 @@
  * postgres.js under Kysely, plus a watched LISTEN. postgres.js 3.4.9 writes to
  * a socket it dropped when a transaction goes on after its connection closed
  * (upstream #1066, #1154, #1208): an uncatchable TypeError that ends a Node
- * process or leaves the statement waiting on Bun. `renewingPostgresJs.ts`
+ * process or leaves the statement waiting on Bun. `renewingPool.ts`
  * keeps every statement off such a connection and replaces the pool; its
- * LISTEN is watched (`listenWatchdog.ts`). `postgres` is an optional peer
+ * LISTEN is watched (`../shared/listenWatchdog.ts`). `postgres` is an optional peer
  * dependency, imported when the store is built.
  */
 import { Effect, type Scope } from "effect"
 import { Kysely } from "kysely"
 import type postgres from "postgres"
-import { classifyDbError } from "../core/dbErrors.ts"
-import { defaultExport, loadDriver } from "../drivers.ts"
-import type { ConfigError, StoreError } from "../Errors.ts"
-import type { DatabaseShape } from "../ports/Database.ts"
-import { PING_PAYLOAD, watchedListen } from "./listenWatchdog.ts"
+import { classifyDbError } from "../../../core/dbErrors.ts"
+import { defaultExport, loadDriver } from "../../../drivers.ts"
+import type { ConfigError, StoreError } from "../../../Errors.ts"
+import type { DatabaseShape } from "../../../ports/Database.ts"
+import { PING_PAYLOAD, watchedListen } from "../shared/listenWatchdog.ts"
+import { relisten, relistenForever, type ValidConnection } from "../shared/postgresConnection.ts"
+import { PostgresJsDialect, type PostgresJsPool } from "./dialect.ts"
 import { holdLostConnectionGuard } from "./lostConnectionRejections.ts"
-import { relisten, relistenForever, type ValidConnection } from "./postgresCommon.ts"
-import { PostgresJsDialect, type PostgresJsPool } from "./postgresJsDialect.ts"
-import { makeRenewingClient } from "./renewingPostgresJs.ts"
+import { makeRenewingClient } from "./renewingPool.ts"
 
 // How often a postgres.js LISTEN is checked, and how long its ping may take to come back.
 const LISTEN_PING_EVERY_MS = 5_000

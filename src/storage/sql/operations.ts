@@ -19,12 +19,12 @@ import {
   type SqlBool,
   sql,
 } from "kysely"
-import { classifyDbError } from "../core/dbErrors.ts"
-import type { StoreError } from "../Errors.ts"
-import type { DatabaseShape } from "../ports/Database.ts"
-import type { InboxStatus, OutboxStatus as OutboxRowStatus, TxboxDatabase } from "../ports/tables.ts"
+import { classifyDbError } from "../../core/dbErrors.ts"
+import type { StoreError } from "../../Errors.ts"
+import type { DatabaseShape } from "../../ports/Database.ts"
+import type { InboxStatus, OutboxStatus as OutboxRowStatus, TxboxDatabase } from "../../ports/tables.ts"
+import { cursorForward, waitsForOf } from "./fragments.ts"
 import { afterOf, isEarly, isNext } from "./partitionGate.ts"
-import { cursorForward, waitsForOf } from "./sqlFragments.ts"
 
 const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
   Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(

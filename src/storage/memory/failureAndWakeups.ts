@@ -3,8 +3,8 @@
  * (the rule the SQL marks write in SQL), and the wake-up listeners.
  */
 import { Effect, type Scope } from "effect"
-import type { StoreError } from "../Errors.ts"
-import type { Verdict } from "../ports/lease.ts"
+import type { StoreError } from "../../Errors.ts"
+import type { Verdict } from "../../ports/lease.ts"
 
 /** The mutable lease fields of a memory row. */
 interface LeasedRow {

@@ -9,14 +9,14 @@
  * fails with a `ConfigError` that says `npm i postgres`.
  */
 import { type Config, Effect, Layer, type Scope } from "effect"
-import { validateConfig } from "../core/config.ts"
-import type { ConfigError } from "../Errors.ts"
-import { fromConfig } from "../layerConfig.ts"
-import { Database, type DatabaseShape } from "../ports/Database.ts"
-import type { TxboxStore } from "../ports/stores.ts"
-import { type PostgresConnectionConfig, validateConnection } from "./postgresCommon.ts"
-import { open } from "./postgresJs.ts"
-import { sqlStores } from "./storeLayer.ts"
+import { validateConfig } from "../../../core/config.ts"
+import type { ConfigError } from "../../../Errors.ts"
+import { fromConfig } from "../../../layerConfig.ts"
+import { Database, type DatabaseShape } from "../../../ports/Database.ts"
+import type { TxboxStore } from "../../../ports/stores.ts"
+import { type PostgresConnectionConfig, validateConnection } from "../shared/postgresConnection.ts"
+import { sqlStores } from "../shared/sqlStores.ts"
+import { open } from "./database.ts"
 
 /** `url` (a string or `Redacted`), `schema`, `poolSize`, `listen`, `connectTimeoutSeconds`. */
 export type PostgresJsStoreConfig = PostgresConnectionConfig

@@ -2,7 +2,7 @@
  * The `InboxStore` port in memory, for unit tests of the consumer and the
  * inbox processor: no database, and every "now" read from Effect's `Clock`, so
  * `TestClock.adjust` expires leases and brings retries due. Each operation
- * mirrors its SQL statement (storage/SqlInboxStore.ts), keyed by (consumer, key).
+ * mirrors its SQL statement (storage/sql/SqlInboxStore.ts), keyed by (consumer, key).
  *
  * Transactions keep PostgreSQL's behaviour where handlers can observe it:
  * - Writes through the `InboxTransaction` are buffered and applied on commit,
@@ -22,9 +22,9 @@
  */
 import { Deferred, Effect, Layer } from "effect"
 import type { Transaction } from "kysely"
-import { standInsFor } from "../core/standIn.ts"
-import { uuidv7 } from "../core/uuid.ts"
-import { StoreError } from "../Errors.ts"
+import { standInsFor } from "../../core/standIn.ts"
+import { uuidv7 } from "../../core/uuid.ts"
+import { StoreError } from "../../Errors.ts"
 import {
   type InboxMark,
   type InboxRow,
@@ -32,10 +32,9 @@ import {
   type InboxStoreShape,
   type InboxTransaction,
   type OrderedDeadPolicy,
-} from "../ports/InboxStore.ts"
-import type { Claim } from "../ports/lease.ts"
-import type { PartitionPosition } from "../ports/Transport.ts"
-import { applyFailure, makeWakeups } from "./memoryLease.ts"
+} from "../../ports/InboxStore.ts"
+import type { Claim } from "../../ports/lease.ts"
+import type { PartitionPosition } from "../../ports/Transport.ts"
 import {
   advanced,
   afterOf,
@@ -43,7 +42,8 @@ import {
   isEarly,
   onlyDeadBefore,
   type PartitionCursor,
-} from "./partitionGate.ts"
+} from "../sql/partitionGate.ts"
+import { applyFailure, makeWakeups } from "./failureAndWakeups.ts"
 
 /** One inbox row as a test sees it; times are epoch ms of the `Clock`. */
 export interface MemoryInboxRow extends InboxRow {

@@ -3,10 +3,10 @@
  * validation and the LISTEN retry schedules. Imports no driver.
  */
 import { type Duration, type Redacted, Schedule } from "effect"
-import { validateSchemaName } from "../core/identifier.ts"
-import { ConfigError, redactUrls } from "../Errors.ts"
-import { urlText } from "../layerConfig.ts"
-import { makeRetryPolicy, schedule } from "../Retry.ts"
+import { validateSchemaName } from "../../../core/identifier.ts"
+import { ConfigError, redactUrls } from "../../../Errors.ts"
+import { urlText } from "../../../layerConfig.ts"
+import { makeRetryPolicy, schedule } from "../../../Retry.ts"
 
 /** The settings of a PostgreSQL store, whichever driver it runs on. */
 export interface PostgresConnectionConfig {
