@@ -8,45 +8,11 @@
  */
 import { Effect } from "effect"
 import type { StandardSchemaV1 } from "effect/StandardSchema"
-import { buildRoutes, type Route, routeFor } from "./contracts/upcast.ts"
+import type { AnyContract, EventContract, InputOf, JsonSchema, PayloadOf, Upcast } from "./contracts/types.ts"
+import { buildRoutes, checkUpcastFrom, type Route, routeFor } from "./contracts/upcast.ts"
 import { ConfigError, UnknownEventError, ValidationError } from "./Errors.ts"
 
-/**
- * A JSON Schema document (any draft) as plain JSON. Typed as any object so that
- * converters' own types (valibot's `JSONSchema7` interface) fit as they are.
- */
-export type JsonSchema = object
-
-/** How the previous version's validated payload becomes this version's input (synchronously; a throw is a dead row). */
-export interface Upcast {
-  readonly from: AnyContract
-  readonly to: (previous: unknown) => unknown
-}
-
-export interface EventContract<Type extends string = string, A = unknown, I = unknown> {
-  readonly type: Type
-  readonly version: number
-  readonly schema: StandardSchemaV1<I, A>
-  /** How version − 1 becomes this version; absent on a first version or a version that upcasts nothing. */
-  readonly upcast?: Upcast
-  /**
-   * The payload's JSON Schema, for `txbox contracts check` and `txbox asyncapi`.
-   * Absent: taken from the schema itself when it implements Standard JSON Schema
-   * (`~standard.jsonSchema`), else from a converter the caller gives.
-   */
-  readonly jsonSchema?: JsonSchema
-  /** The validated payload type; use as `typeof OrderPlaced.Type`. */
-  readonly Type: A
-  /** The accepted input type (before the schema's transformations). */
-  readonly Encoded: I
-}
-
-/** Any contract, whatever its payload type. */
-// biome-ignore lint/suspicious/noExplicitAny: a registry holds contracts of every payload type
-export type AnyContract = EventContract<string, any, any>
-
-export type PayloadOf<C> = C extends { readonly Type: infer A } ? A : never
-export type InputOf<C> = C extends { readonly Encoded: infer I } ? I : never
+export type { AnyContract, EventContract, InputOf, JsonSchema, PayloadOf, Upcast }
 
 const TYPE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$/
 
@@ -83,14 +49,7 @@ export const defineEvent = <
     throw new ConfigError({ reason: `event version must be a positive integer, got ${definition.version}` })
   }
   const upcast = definition.upcast
-  if (upcast !== undefined) {
-    const from: AnyContract = upcast.from
-    if (from.type !== definition.type || from.version !== definition.version - 1) {
-      throw new ConfigError({
-        reason: `${definition.type}@${definition.version} upcasts from ${from.type}@${from.version}: an upcast must come from the same type's previous version (@${definition.version - 1})`,
-      })
-    }
-  }
+  if (upcast !== undefined) checkUpcastFrom(definition, upcast.from)
   return {
     type: definition.type,
     version: definition.version,

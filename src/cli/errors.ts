@@ -31,7 +31,7 @@ export class CheckFailedError extends Data.TaggedError("CheckFailedError")<{ rea
 export const EXIT_RUNTIME = 1
 export const EXIT_USAGE = 2
 
-// SQLSTATE classes that mean "cannot get in", whatever dbErrors.ts calls them:
+// SQLSTATE classes that mean "cannot get in", whatever storage/sql/errors.ts calls them:
 // 28 invalid authorization (bad password, no such role), 3D000 no such database.
 const cannotConnect = (error: StoreError): boolean => {
   if (error.reason === "connection") return true

@@ -7,11 +7,11 @@
  * hand it to AsyncAPI tooling.
  */
 import { Effect } from "effect"
-import type { AnyContract } from "../Contract.ts"
 import { PARTITION_EPOCH_HEADER, PARTITION_SEQ_HEADER } from "../core/position.ts"
 import { ConfigError, redactUrls } from "../Errors.ts"
 import { contractsByType } from "./compatibility.ts"
 import { type JsonSchemaObject as JsonSchema, type JsonSchemaConverter, jsonSchemaOf } from "./jsonSchema.ts"
+import type { AnyContract } from "./types.ts"
 
 export interface AsyncApiOptions {
   readonly title?: string

@@ -12,11 +12,11 @@
  * (same version) is checked both ways: no upcast can cover it.
  */
 import { Effect } from "effect"
-import type { AnyContract } from "../Contract.ts"
 import { validateConfig } from "../core/config.ts"
 import { ConfigError } from "../Errors.ts"
 import { type JsonSchemaConverter, jsonSchemaOf } from "./jsonSchema.ts"
 import { diffSchemas, type Finding } from "./schemaDiff.ts"
+import type { AnyContract } from "./types.ts"
 import { chainOf } from "./upcast.ts"
 
 export type { Finding } from "./schemaDiff.ts"

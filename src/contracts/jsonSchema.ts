@@ -7,8 +7,8 @@
  * natively), or from a converter the caller passes.
  */
 import { Effect } from "effect"
-import type { AnyContract, JsonSchema } from "../Contract.ts"
 import { ConfigError } from "../Errors.ts"
+import type { AnyContract, JsonSchema } from "./types.ts"
 
 /** Turns a contract's schema into JSON Schema; undefined when it cannot (the next source is tried). */
 export type JsonSchemaConverter = (contract: AnyContract) => JsonSchema | undefined

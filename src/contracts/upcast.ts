@@ -6,8 +6,8 @@
  * once per registry, so a delivery costs one map lookup.
  */
 
-import type { AnyContract } from "../Contract.ts"
 import { ConfigError, UnknownEventError } from "../Errors.ts"
+import type { AnyContract } from "./types.ts"
 
 /** How a sent version reaches a registered contract: `steps[0]` is the sent version's contract, the last is `target`. */
 export interface Route {
@@ -22,6 +22,24 @@ export interface TypeRoutes {
   readonly handled: ReadonlyArray<number>
 }
 
+interface Version {
+  readonly type: string
+  readonly version: number
+}
+
+/**
+ * The one rule of an upcast step: it comes from the same type's previous
+ * version. A `ConfigError` otherwise, from `defineEvent` and again for a
+ * hand-built contract when a registry follows its chain.
+ */
+export const checkUpcastFrom = (to: Version, from: Version): void => {
+  if (from.type !== to.type || from.version !== to.version - 1) {
+    throw new ConfigError({
+      reason: `${to.type}@${to.version} upcasts from ${from.type}@${from.version}: an upcast must come from the same type's previous version (@${to.version - 1})`,
+    })
+  }
+}
+
 /**
  * The contract and the older versions it upcasts from, oldest first. Versions
  * must fall one by one within one type (`defineEvent` checks that too; this
@@ -32,11 +50,7 @@ export const chainOf = (contract: AnyContract): ReadonlyArray<AnyContract> => {
   let current = contract
   while (current.upcast !== undefined) {
     const from: AnyContract = current.upcast.from
-    if (from.type !== current.type || from.version !== current.version - 1) {
-      throw new ConfigError({
-        reason: `${current.type}@${current.version} upcasts from ${from.type}@${from.version}: an upcast must come from the same type's previous version (@${current.version - 1})`,
-      })
-    }
+    checkUpcastFrom(current, from)
     chain.unshift(from)
     current = from
   }

@@ -2,9 +2,9 @@ import { describe, expect, test } from "bun:test"
 import { readFileSync } from "node:fs"
 import { join } from "node:path"
 import { renderMigrationsModule } from "../../scripts/embed-migrations.ts"
-import { classifyDbError } from "../../src/core/dbErrors.ts"
 import { validateSchemaName } from "../../src/core/identifier.ts"
 import { isUuid, uuidv7 } from "../../src/core/uuid.ts"
+import { classifyDbError } from "../../src/storage/sql/errors.ts"
 import { splitStatements } from "../../src/storage/sql/splitStatements.ts"
 
 describe("schema names", () => {

@@ -1,10 +1,11 @@
 /**
  * What both memory stores share: a failure verdict applied to a leased row
- * (the rule the SQL marks write in SQL), and the wake-up listeners.
+ * (`verdictRow`, the encoding the SQL marks write), and the wake-up listeners.
  */
 import { Effect, type Scope } from "effect"
 import type { StoreError } from "../../Errors.ts"
 import type { Verdict } from "../../ports/lease.ts"
+import { verdictRow } from "../verdictRow.ts"
 
 /** The mutable lease fields of a memory row. */
 interface LeasedRow {
@@ -15,20 +16,17 @@ interface LeasedRow {
   lockToken: string | null
 }
 
-/** Retry: due again after its delay, one attempt more only if it spends one. Dead: one attempt more. Either way the lease ends. */
+/** A failure verdict applied as the SQL marks write it (`verdictRow`). Either way the lease ends. */
 export const applyFailure = (
   row: LeasedRow,
   verdict: Exclude<Verdict, { readonly _tag: "Done" }>,
   now: number,
 ): void => {
-  if (verdict._tag === "Retry") {
-    row.visibleAt = now + verdict.delayMs
-    row.attempts += verdict.spendsAttempt ? 1 : 0
-  } else {
-    row.status = "dead"
-    row.attempts += 1
-  }
-  row.lastError = verdict.error
+  const set = verdictRow(verdict)
+  if (set.status === "pending") row.visibleAt = now + set.delayMs
+  row.status = set.status
+  row.attempts += set.inc
+  row.lastError = set.error
   row.lockToken = null
 }
 

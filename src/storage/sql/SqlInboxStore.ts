@@ -18,7 +18,6 @@ import {
   sql,
   type Transaction,
 } from "kysely"
-import { tryStore } from "../../core/dbErrors.ts"
 import { standInsFor } from "../../core/standIn.ts"
 import { storableMessage } from "../../core/storable.ts"
 import { uuidv7 } from "../../core/uuid.ts"
@@ -33,7 +32,9 @@ import {
 } from "../../ports/InboxStore.ts"
 import type { Claim } from "../../ports/lease.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
-import { affected, cursorForward, now, nowPlusMs, pending, pendingOfKey, waitsForOf } from "./fragments.ts"
+import { verdictRow } from "../verdictRow.ts"
+import { tryStore } from "./errors.ts"
+import { affected, now, nowPlusMs, pending, pendingOfKey, upsertCursors, waitsForOf } from "./fragments.ts"
 import { CHAINED_PER_CLAIM, chainOrder } from "./partitionGate.ts"
 import { prepare } from "./prepared.ts"
 import { withTransaction } from "./transaction.ts"
@@ -686,20 +687,7 @@ export const markProcessedQuery = (
     // An ordered row moves its key's cursor in the same statement (no extra round trip): the
     // key's next row becomes claimable when the handler's transaction commits. Never backwards
     // within an epoch (a redriven row that was already passed); a newer epoch replaces it.
-    .with("c", (qb) =>
-      qb
-        .insertInto("inbox_cursors")
-        .columns(["consumer", "partition_key", "epoch", "last_seq"])
-        .expression((eb) =>
-          eb
-            .selectFrom("m")
-            .select(["m.consumer", "m.partition_key", "m.partition_epoch", "m.partition_seq"])
-            .where("m.partition_key", "is not", null)
-            .where("m.partition_epoch", "is not", null)
-            .where("m.partition_seq", "is not", null),
-        )
-        .onConflict((oc) => oc.columns(["consumer", "partition_key"]).doUpdateSet(cursorForward)),
-    )
+    .with("c", (qb) => upsertCursors(qb, { marked: "every" }))
     .with("woken", (qb) => unparkAfter(qb))
     .selectFrom("m")
     .select((eb) => eb.fn.countAll().as("marked"))
@@ -747,24 +735,7 @@ export const markProcessedAllQuery = (
           ]),
       )
       // One row per key (a redriven row may share a claim with its key's next): the furthest.
-      .with("c", (qb) =>
-        qb
-          .insertInto("inbox_cursors")
-          .columns(["consumer", "partition_key", "epoch", "last_seq"])
-          .expression((eb) =>
-            eb
-              .selectFrom("m")
-              .distinctOn("m.partition_key")
-              .select(["m.consumer", "m.partition_key", "m.partition_epoch", "m.partition_seq"])
-              .where("m.partition_key", "is not", null)
-              .where("m.partition_epoch", "is not", null)
-              .where("m.partition_seq", "is not", null)
-              .orderBy("m.partition_key")
-              .orderBy("m.partition_epoch", "desc")
-              .orderBy("m.partition_seq", "desc"),
-          )
-          .onConflict((oc) => oc.columns(["consumer", "partition_key"]).doUpdateSet(cursorForward)),
-      )
+      .with("c", (qb) => upsertCursors(qb, { marked: "furthestPerKey" }))
       .with("woken", (qb) => unparkAfter(qb))
       .selectFrom("m")
       .select("m.message_id")
@@ -775,18 +746,16 @@ export const markProcessedAllQuery = (
 /** `mark`'s one parameter: the failures as a JSON array of `MarkRecord`. */
 export const markFailures = (marks: ReadonlyArray<InboxMark>): string =>
   JSON.stringify(
-    marks.map(
-      ({ key, verdict }): MarkRecord =>
-        verdict._tag === "Retry"
-          ? {
-              id: key,
-              status: "pending",
-              delay_ms: verdict.delayMs,
-              inc: verdict.spendsAttempt ? 1 : 0,
-              error: storableMessage(verdict.error),
-            }
-          : { id: key, status: "dead", delay_ms: 0, inc: 1, error: storableMessage(verdict.error) },
-    ),
+    marks.map(({ key, verdict }): MarkRecord => {
+      const row = verdictRow(verdict)
+      return {
+        id: key,
+        status: row.status,
+        delay_ms: row.delayMs,
+        inc: row.inc,
+        error: storableMessage(row.error),
+      }
+    }),
   )
 
 /** Records a claim's failures (`markFailures`) in one statement: retry later or dead. Only rows `token` still holds change. */

@@ -18,7 +18,6 @@
  */
 import { Effect, Layer } from "effect"
 import { type CompiledQuery, createQueryId, type Kysely, sql } from "kysely"
-import { tryStore } from "../../core/dbErrors.ts"
 import { storableMessage } from "../../core/storable.ts"
 import { uuidv7 } from "../../core/uuid.ts"
 import { Database, notifyChannel } from "../../ports/Database.ts"
@@ -30,6 +29,8 @@ import {
   type OutboxStoreShape,
 } from "../../ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
+import { verdictRow } from "../verdictRow.ts"
+import { tryStore } from "./errors.ts"
 import { affected, now, nowPlusMs, pending } from "./fragments.ts"
 import * as opsSql from "./operations.ts"
 import { prepare } from "./prepared.ts"
@@ -110,20 +111,16 @@ export const claimQuery = (
 /** `mark`'s one parameter: the verdicts as a JSON array of `MarkRecord`. */
 export const markVerdicts = (marks: ReadonlyArray<OutboxMark>): string =>
   JSON.stringify(
-    marks.map(
-      ({ id, verdict }): MarkRecord =>
-        verdict._tag === "Done"
-          ? { id, status: "sent", delay_ms: 0, inc: 0, error: null }
-          : verdict._tag === "Retry"
-            ? {
-                id,
-                status: "pending",
-                delay_ms: verdict.delayMs,
-                inc: verdict.spendsAttempt ? 1 : 0,
-                error: storableMessage(verdict.error),
-              }
-            : { id, status: "dead", delay_ms: 0, inc: 1, error: storableMessage(verdict.error) },
-    ),
+    marks.map(({ id, verdict }): MarkRecord => {
+      const row = verdictRow(verdict, "sent")
+      return {
+        id,
+        status: row.status,
+        delay_ms: row.delayMs,
+        inc: row.inc,
+        error: storableMessage(row.error),
+      }
+    }),
   )
 
 /**

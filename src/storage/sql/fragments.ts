@@ -1,7 +1,7 @@
 /**
  * The few SQL pieces both SQL stores need where Kysely's builder has no words.
  */
-import { type Expression, sql } from "kysely"
+import { type Expression, type QueryCreator, sql } from "kysely"
 
 /**
  * `now() + n ms`: Kysely has no interval arithmetic. A number is bound as a
@@ -45,16 +45,56 @@ export const affected = (result: { readonly numAffectedRows?: bigint }): number 
   Number(result.numAffectedRows ?? 0n)
 
 /**
- * The upsert of a consumer's cursor for a key (`ON CONFLICT … DO UPDATE SET`):
+ * How an existing cursor takes an upserted one (`ON CONFLICT … DO UPDATE SET`):
  * it only ever moves forward. Within an epoch to the greater number (a
  * redriven row that was already passed, a skip that raced the processor);
  * a newer epoch replaces it; an older one changes nothing.
  */
-export const cursorForward = {
+const cursorForward = {
   epoch: sql<number>`GREATEST(inbox_cursors.epoch, excluded.epoch)`,
   last_seq: sql<number>`CASE
     WHEN excluded.epoch > inbox_cursors.epoch THEN excluded.last_seq
     WHEN excluded.epoch = inbox_cursors.epoch THEN GREATEST(inbox_cursors.last_seq, excluded.last_seq)
     ELSE inbox_cursors.last_seq END`,
   updated_at: now,
+}
+
+/** One consumer's cursor for one key: the epoch and number of the last message it handled. */
+export interface CursorValues {
+  readonly consumer: string
+  readonly partition_key: string
+  readonly epoch: number
+  readonly last_seq: number
+}
+
+/**
+ * The one upsert of consumers' cursors: each cursor inserted, or an existing
+ * one moved forward only (`cursorForward`). The cursors are given as values,
+ * or taken from the ordered rows a mark's CTE `m` changed: every one, or the
+ * furthest of each key (a claim may hold several rows of one key).
+ */
+export const upsertCursors = (
+  // biome-ignore lint/suspicious/noExplicitAny: a query creator whose `with` list may hold `m`
+  qc: QueryCreator<any>,
+  cursors: CursorValues | { readonly marked: "every" | "furthestPerKey" },
+) => {
+  const into = qc.insertInto("inbox_cursors")
+  const rows =
+    "marked" in cursors
+      ? into.columns(["consumer", "partition_key", "epoch", "last_seq"]).expression((eb) => {
+          const marked = eb.selectFrom("m")
+          const select = (cursors.marked === "furthestPerKey" ? marked.distinctOn("m.partition_key") : marked)
+            .select(["m.consumer", "m.partition_key", "m.partition_epoch", "m.partition_seq"])
+            .where("m.partition_key", "is not", null)
+            .where("m.partition_epoch", "is not", null)
+            .where("m.partition_seq", "is not", null)
+          return cursors.marked === "furthestPerKey"
+            ? select
+                .orderBy("m.partition_key")
+                .orderBy("m.partition_epoch", "desc")
+                .orderBy("m.partition_seq", "desc")
+            : select
+        })
+      : into.values(cursors)
+  return rows.onConflict((oc) => oc.columns(["consumer", "partition_key"]).doUpdateSet(cursorForward))
 }

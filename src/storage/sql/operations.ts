@@ -15,15 +15,17 @@ import {
   type ExpressionBuilder,
   expressionBuilder,
   type Kysely,
+  type QueryCreator,
   type RawBuilder,
+  type SelectQueryBuilder,
   type SqlBool,
   sql,
 } from "kysely"
-import { classifyDbError } from "../../core/dbErrors.ts"
 import type { StoreError } from "../../Errors.ts"
 import type { DatabaseShape } from "../../ports/Database.ts"
 import type { InboxStatus, OutboxStatus as OutboxRowStatus, TxboxDatabase } from "../../ports/tables.ts"
-import { cursorForward, waitsForOf } from "./fragments.ts"
+import { classifyDbError } from "./errors.ts"
+import { upsertCursors, waitsForOf } from "./fragments.ts"
 import { afterOf, isEarly, isNext } from "./partitionGate.ts"
 
 const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
@@ -405,13 +407,14 @@ export const skipDead = (
             reason: `it is not the next message of key ${row.partition_key} (the consumer is at ${cursor === undefined ? 0 : cursor.last_seq})`,
           } as const
         }
-        await trx
-          .insertInto("inbox_cursors")
-          .values({ consumer, partition_key: row.partition_key, epoch: row.epoch, last_seq: row.seq })
-          // Forward only: a processor may have moved the key past this row since it was read (under
-          // onOrderedDead "skip", or committing the key's first cursor, which no lock above held).
-          .onConflict((oc) => oc.columns(["consumer", "partition_key"]).doUpdateSet(cursorForward))
-          .execute()
+        // Forward only: a processor may have moved the key past this row since it was read (under
+        // onOrderedDead "skip", or committing the key's first cursor, which no lock above held).
+        await upsertCursors(trx, {
+          consumer,
+          partition_key: row.partition_key,
+          epoch: row.epoch,
+          last_seq: row.seq,
+        }).execute()
         return { skipped: true, partition_key: row.partition_key, seq: row.seq } as const
       }),
   )
@@ -616,6 +619,52 @@ export const cutoff = (db: DatabaseShape, olderThanSeconds: number): Effect.Effe
     return new Date(row.cutoff)
   })
 
+/** One purge: which rows of which table, and what else the statement does with the deleted ones. */
+interface Purge {
+  readonly operation: string
+  readonly table: "outbox" | "inbox" | "partition_counters" | "inbox_cursors"
+  /** The columns that identify a row. */
+  readonly key: ReadonlyArray<string>
+  /** The rows due for deletion (aliased `p`), and the order to take them in: the pick's WHERE and ORDER BY. */
+  // biome-ignore lint/suspicious/noExplicitAny: the table is chosen per purge
+  readonly pick: (rows: SelectQueryBuilder<any, any, any>) => SelectQueryBuilder<any, any, any>
+  /** A status the row must still have when deleted: a row redriven or claimed since the pick stays. */
+  readonly stillStatus?: RawBuilder<OutboxRowStatus | InboxStatus>
+  /** More CTEs after `gone` (the deleted rows' keys). */
+  // biome-ignore lint/suspicious/noExplicitAny: a query creator whose `with` list holds `gone`
+  readonly withGone?: (statement: QueryCreator<any>) => QueryCreator<any>
+}
+
+/**
+ * The one shape of every purge batch: up to `limit` rows picked and locked,
+ * skipping rows a relay, a consumer or a producer holds (`picked`); those
+ * deleted (`gone`); the count of deleted rows returned.
+ */
+const purge = (db: DatabaseShape, spec: Purge, limit: number): Effect.Effect<number, StoreError> =>
+  query(spec.operation, async () => {
+    const { table, key } = spec
+    // biome-ignore lint/suspicious/noExplicitAny: the table is chosen per purge
+    const statement = (tables(db) as Kysely<any>)
+      .with("picked", (qb) =>
+        spec
+          .pick(qb.selectFrom(`${table} as p`).select(key.map((column) => `p.${column}`)))
+          .limit(int4(limit))
+          .forUpdate()
+          .skipLocked(),
+      )
+      .with("gone", (qb) => {
+        let gone = qb.deleteFrom(`${table} as d`).using("picked")
+        for (const column of key) gone = gone.whereRef(`d.${column}`, "=", `picked.${column}`)
+        if (spec.stillStatus !== undefined) gone = gone.where("d.status", "=", spec.stillStatus)
+        return gone.returning(key.map((column) => `d.${column}`))
+      })
+    const result = await (spec.withGone === undefined ? statement : spec.withGone(statement))
+      .selectFrom("gone")
+      .select((eb) => eb.fn.countAll<string>().as("n"))
+      .executeTakeFirstOrThrow()
+    return int(result.n)
+  })
+
 /**
  * Deletes up to `limit` sent outbox rows published before `before`. Only
  * `status = 'sent'` rows qualify, so pending and dead rows are out of reach
@@ -630,26 +679,21 @@ export const purgeSent = (
   before: Date,
   limit: number,
 ): Effect.Effect<number, StoreError> =>
-  query("purge.outbox", async () => {
-    const result = await tables(db)
-      .with("doomed", (qb) =>
-        qb
-          .selectFrom("outbox")
-          .select("id")
-          .where("status", "=", SENT)
-          .where("published_at", "<", timestamptz(before))
-          .orderBy("published_at")
-          .limit(int4(limit))
-          .forUpdate()
-          .skipLocked(),
-      )
-      .deleteFrom("outbox as o")
-      .using("doomed")
-      .whereRef("o.id", "=", "doomed.id")
-      .where("o.status", "=", SENT)
-      .executeTakeFirst()
-    return int(result.numDeletedRows)
-  })
+  purge(
+    db,
+    {
+      operation: "purge.outbox",
+      table: "outbox",
+      key: ["id"],
+      pick: (rows) =>
+        rows
+          .where("p.status", "=", SENT)
+          .where("p.published_at", "<", timestamptz(before))
+          .orderBy("p.published_at"),
+      stillStatus: SENT,
+    },
+    limit,
+  )
 
 /** Deletes up to `limit` processed inbox rows processed before `before` (the partial `inbox_processed` index). */
 export const purgeProcessed = (
@@ -657,27 +701,21 @@ export const purgeProcessed = (
   before: Date,
   limit: number,
 ): Effect.Effect<number, StoreError> =>
-  query("purge.inbox", async () => {
-    const result = await tables(db)
-      .with("doomed", (qb) =>
-        qb
-          .selectFrom("inbox")
-          .select(["message_id", "consumer"])
-          .where("status", "=", PROCESSED)
-          .where("processed_at", "<", timestamptz(before))
-          .orderBy("processed_at")
-          .limit(int4(limit))
-          .forUpdate()
-          .skipLocked(),
-      )
-      .deleteFrom("inbox as i")
-      .using("doomed")
-      .whereRef("i.message_id", "=", "doomed.message_id")
-      .whereRef("i.consumer", "=", "doomed.consumer")
-      .where("i.status", "=", PROCESSED)
-      .executeTakeFirst()
-    return int(result.numDeletedRows)
-  })
+  purge(
+    db,
+    {
+      operation: "purge.inbox",
+      table: "inbox",
+      key: ["message_id", "consumer"],
+      pick: (rows) =>
+        rows
+          .where("p.status", "=", PROCESSED)
+          .where("p.processed_at", "<", timestamptz(before))
+          .orderBy("p.processed_at"),
+      stillStatus: PROCESSED,
+    },
+    limit,
+  )
 
 /**
  * Deletes up to `limit` partition counters not used since `before`. The key's
@@ -688,23 +726,16 @@ export const purgeIdleCounters = (
   before: Date,
   limit: number,
 ): Effect.Effect<number, StoreError> =>
-  query("purge.counters", async () => {
-    const result = await tables(db)
-      .with("idle", (qb) =>
-        qb
-          .selectFrom("partition_counters")
-          .select("partition_key")
-          .where("updated_at", "<", timestamptz(before))
-          .limit(int4(limit))
-          .forUpdate()
-          .skipLocked(),
-      )
-      .deleteFrom("partition_counters as p")
-      .using("idle")
-      .whereRef("p.partition_key", "=", "idle.partition_key")
-      .executeTakeFirst()
-    return int(result.numDeletedRows)
-  })
+  purge(
+    db,
+    {
+      operation: "purge.counters",
+      table: "partition_counters",
+      key: ["partition_key"],
+      pick: (rows) => rows.where("p.updated_at", "<", timestamptz(before)),
+    },
+    limit,
+  )
 
 /**
  * Deletes up to `limit` consumer cursors not moved since `before` whose key has
@@ -718,62 +749,51 @@ export const purgeIdleCursors = (
   before: Date,
   limit: number,
 ): Effect.Effect<number, StoreError> =>
-  query("purge.cursors", async () => {
-    const result = await tables(db)
-      .with("idle", (qb) =>
-        qb
-          .selectFrom("inbox_cursors as c")
-          .select(["c.consumer", "c.partition_key"])
-          .where("c.updated_at", "<", timestamptz(before))
+  purge(
+    db,
+    {
+      operation: "purge.cursors",
+      table: "inbox_cursors",
+      key: ["consumer", "partition_key"],
+      pick: (rows) =>
+        rows
+          .where("p.updated_at", "<", timestamptz(before))
           .where((eb) =>
             eb.not(
               eb.exists(
                 eb
                   .selectFrom("inbox as i")
                   .select("i.message_id")
-                  .whereRef("i.consumer", "=", "c.consumer")
-                  .whereRef("i.partition_key", "=", "c.partition_key")
+                  .whereRef("i.consumer", "=", "p.consumer")
+                  .whereRef("i.partition_key", "=", "p.partition_key")
                   .where("i.status", "<>", PROCESSED),
               ),
             ),
-          )
-          .limit(int4(limit))
-          .forUpdate()
-          .skipLocked(),
-      )
-      .with("gone", (qb) =>
-        qb
-          .deleteFrom("inbox_cursors as k")
-          .using("idle")
-          .whereRef("k.consumer", "=", "idle.consumer")
-          .whereRef("k.partition_key", "=", "idle.partition_key")
-          .returning("k.consumer"),
-      )
-      .with("horizon", (qb) =>
-        qb
-          .insertInto("inbox_consumers")
-          .columns(["consumer", "on_ordered_dead", "cursors_purged_before"])
-          .expression((eb) =>
-            eb
-              .selectFrom("gone")
-              .distinct()
-              .select([
-                "gone.consumer",
-                // A consumer not yet recorded (it has not started since migration 0009) is "block"
-                // until its inbox next starts and says.
-                sql.lit("block").as("on_ordered_dead"),
-                sql<string>`${before.getTime()}::bigint`.as("cursors_purged_before"),
-              ]),
-          )
-          .onConflict((oc) =>
-            oc.column("consumer").doUpdateSet({
-              cursors_purged_before: sql<number>`GREATEST(inbox_consumers.cursors_purged_before, excluded.cursors_purged_before)`,
-            }),
-          )
-          .returning("consumer"),
-      )
-      .selectFrom("gone")
-      .select((eb) => eb.fn.countAll<string>().as("n"))
-      .executeTakeFirstOrThrow()
-    return int(result.n)
-  })
+          ),
+      withGone: (statement) =>
+        statement.with("horizon", (qb) =>
+          qb
+            .insertInto("inbox_consumers")
+            .columns(["consumer", "on_ordered_dead", "cursors_purged_before"])
+            .expression((eb) =>
+              eb
+                .selectFrom("gone")
+                .distinct()
+                .select([
+                  "gone.consumer",
+                  // A consumer not yet recorded (it has not started since migration 0009) is "block"
+                  // until its inbox next starts and says.
+                  sql.lit("block").as("on_ordered_dead"),
+                  sql<string>`${before.getTime()}::bigint`.as("cursors_purged_before"),
+                ]),
+            )
+            .onConflict((oc) =>
+              oc.column("consumer").doUpdateSet({
+                cursors_purged_before: sql<number>`GREATEST(inbox_consumers.cursors_purged_before, excluded.cursors_purged_before)`,
+              }),
+            )
+            .returning("consumer"),
+        ),
+    },
+    limit,
+  )

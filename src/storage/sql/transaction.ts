@@ -1,7 +1,7 @@
 import { Effect, Exit } from "effect"
 import { type Kysely, sql, type Transaction } from "kysely"
-import { classifyDbError } from "../../core/dbErrors.ts"
 import { StoreError } from "../../Errors.ts"
+import { classifyDbError } from "./errors.ts"
 
 const ROLLBACK_TIMEOUT_MS = 5_000
 

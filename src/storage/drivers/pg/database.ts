@@ -6,10 +6,10 @@
 import { Effect, type Scope } from "effect"
 import { Kysely, PostgresDialect } from "kysely"
 import type pg from "pg"
-import { classifyDbError } from "../../../core/dbErrors.ts"
 import { defaultExport, loadDriver } from "../../../drivers.ts"
 import type { ConfigError, StoreError } from "../../../Errors.ts"
 import type { DatabaseShape } from "../../../ports/Database.ts"
+import { classifyDbError } from "../../sql/errors.ts"
 import { PING_PAYLOAD } from "../shared/listenWatchdog.ts"
 import { relisten, relistenForever, type ValidConnection } from "../shared/postgresConnection.ts"
 

@@ -1,5 +1,5 @@
 import { Effect } from "effect"
-import { StoreError } from "../Errors.ts"
+import { StoreError } from "../../Errors.ts"
 
 // Node socket errors and postgres.js's own connection codes: the server is
 // gone or unreachable, so the operation may succeed on a later try.

@@ -1,0 +1,270 @@
+/**
+ * The statements of `Outbox.enqueue`, run in the caller's own transaction:
+ * the per-key numbering on `partition_counters` (only when a row has a
+ * partition key) and the outbox INSERT.
+ *
+ * The outbox INSERT is SQL text written once per schema.
+ * Kysely's builder built and compiled the statement on every call, at a
+ * large share of enqueue's client CPU (bench/enqueue.ts); the text depends on
+ * the schema and on one row vs. several, so two texts per schema cover every
+ * call. Sent as a raw compiled query, it also skips the caller's plugins,
+ * which must not rename txbox's columns anyway.
+ */
+import { Effect } from "effect"
+import { CompiledQuery, type Kysely, sql, type Transaction } from "kysely"
+import { formatKeyRoutes, type KeyRoutes, withHeader } from "../../core/keyRoutes.ts"
+import { PARTITION_ROUTES_HEADER } from "../../core/position.ts"
+import type { StoreError } from "../../Errors.ts"
+import type { PartitionPosition } from "../../ports/Transport.ts"
+import type { TxboxDatabase } from "../../ports/tables.ts"
+import { classifyDbError } from "./errors.ts"
+
+/** One outbox row, its values as the statement binds them. */
+export interface OutboxValues {
+  readonly id: string
+  readonly type: string
+  readonly version: number
+  /** JSON text. */
+  readonly payload: string
+  /** JSON text of a string → string object. */
+  readonly headers: string
+  readonly routing_key: string | null
+  readonly partition_key: string | null
+  readonly tenant_id: string | null
+  /** An absolute due time; null: now() plus `delay_ms`. */
+  readonly visible_at: Date | null
+  /** Milliseconds after the database's now() (0: due at once); ignored when `visible_at` is set. */
+  readonly delay_ms: number
+  readonly partition_epoch: number | null
+  readonly partition_seq: number | null
+}
+
+const COLUMNS =
+  "id, type, version, payload, headers, routing_key, partition_key, tenant_id, visible_at, partition_epoch, partition_seq"
+
+interface Texts {
+  /** One row with nothing but defaults beyond type, version, payload and headers: the common call. */
+  readonly plain: string
+  readonly one: string
+  readonly many: string
+}
+
+const texts = new Map<string, Texts>()
+
+/** `schema` must already be a validated identifier (`validateSchemaName`). */
+const textsFor = (schema: string): Texts => {
+  let t = texts.get(schema)
+  if (t === undefined) {
+    const table = `"${schema}".outbox`
+    t = {
+      // Four parameters instead of twelve: each one is serialised by the driver and parsed by the
+      // server on every call (visible_at's default is now(), the same as a delay of 0).
+      plain: `INSERT INTO ${table} (id, type, version, payload, headers) VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)`,
+      // Database time, not the caller's clock: due times compare against now() in the claim.
+      one:
+        `INSERT INTO ${table} (${COLUMNS}) VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb, $6, $7, $8, ` +
+        `COALESCE($9::timestamptz, now() + $10::bigint * interval '1 millisecond'), $11::bigint, $12::bigint)`,
+      // One JSON text parameter for any number of rows: one text, one plan.
+      many:
+        `INSERT INTO ${table} (${COLUMNS}) SELECT r.id, r.type, r.version, r.payload::jsonb, r.headers::jsonb, ` +
+        "r.routing_key, r.partition_key, r.tenant_id, " +
+        "COALESCE(r.visible_at, now() + r.delay_ms * interval '1 millisecond'), r.partition_epoch, r.partition_seq " +
+        "FROM json_to_recordset($1::text::json) AS r(id uuid, type text, version integer, payload text, headers text, " +
+        "routing_key text, partition_key text, tenant_id text, visible_at timestamptz, delay_ms bigint, " +
+        "partition_epoch bigint, partition_seq bigint)",
+    }
+    texts.set(schema, t)
+  }
+  return t
+}
+
+/** The INSERT for `rows` (at least one) into `schema`'s outbox. */
+const insertOutbox = (schema: string, rows: ReadonlyArray<OutboxValues>): CompiledQuery => {
+  const t = textsFor(schema)
+  if (rows.length === 1) {
+    const r = rows[0]!
+    if (
+      r.routing_key === null &&
+      r.partition_key === null &&
+      r.tenant_id === null &&
+      r.visible_at === null &&
+      r.delay_ms === 0 &&
+      r.partition_epoch === null &&
+      r.partition_seq === null
+    )
+      return CompiledQuery.raw(t.plain, [r.id, r.type, r.version, r.payload, r.headers])
+    return CompiledQuery.raw(t.one, [
+      r.id,
+      r.type,
+      r.version,
+      r.payload,
+      r.headers,
+      r.routing_key,
+      r.partition_key,
+      r.tenant_id,
+      r.visible_at,
+      r.delay_ms,
+      r.partition_epoch,
+      r.partition_seq,
+    ])
+  }
+  return CompiledQuery.raw(t.many, [JSON.stringify(rows)])
+}
+
+/** The database's clock in ms since 1970: the enqueue time a message's successors carry for it. */
+const NOW_MS = sql<number>`(extract(epoch FROM now()) * 1000)::bigint`
+
+/** A keyed row's place, and the last message before it on each route of its key (`KeyRoutes`). */
+interface Numbered extends PartitionPosition {
+  readonly routes: KeyRoutes
+}
+
+/**
+ * Takes the next numbers of each partition key in `rows` from its counter
+ * row, in the caller's transaction: the row lock makes a concurrent
+ * transaction for the same key wait for this one to commit, so numbers follow
+ * commit order. Keys are locked in sorted order, so two transactions writing
+ * the same keys cannot deadlock on them. The counter also keeps, per routing
+ * key, its last message (number, enqueue time) and hands back what it held
+ * before this statement (`routes_before`, read under the lock), from which
+ * each row learns the last message before it on every route of its key. One
+ * statement; none when no row has a key.
+ */
+const numberByKey = async (
+  db: Kysely<TxboxDatabase>,
+  rows: ReadonlyArray<{ readonly partition_key: string | null; readonly route: string }>,
+): Promise<ReadonlyArray<Numbered | undefined>> => {
+  // Per key: how many rows, and per route the (1-based) index of its last row among them.
+  const perKey = new Map<string, { count: number; lastOn: Record<string, number> }>()
+  for (const { partition_key: key, route } of rows) {
+    if (key === null) continue
+    const entry = perKey.get(key) ?? { count: 0, lastOn: {} }
+    entry.count++
+    entry.lastOn[route] = entry.count
+    perKey.set(key, entry)
+  }
+  if (perKey.size === 0) return []
+  // One JSON parameter for every key, in sorted order (the order their rows are locked in).
+  const input = JSON.stringify(
+    [...perKey.keys()]
+      .sort()
+      .map((key) => ({ key, count: perKey.get(key)!.count, last_on: perKey.get(key)!.lastOn })),
+  )
+  const k = sql<{
+    key: string
+    count: number
+    last_on: string
+  }>`jsonb_to_recordset(${input}::text::jsonb)`.as<"k">(sql`k(key text, count int, last_on jsonb)`)
+  const counters = await db
+    .insertInto("partition_counters")
+    .columns(["partition_key", "seq", "routes"])
+    .expression((eb) =>
+      eb
+        .selectFrom(k)
+        .select([
+          "k.key",
+          "k.count",
+          // A new key's numbers start at 1: each route's last is its index.
+          sql<string>`(SELECT jsonb_object_agg(r, jsonb_build_array(i::bigint, ${NOW_MS}))
+            FROM jsonb_each_text(k.last_on) AS e(r, i))`.as("routes"),
+        ])
+        .orderBy("k.key"),
+    )
+    .onConflict((oc) =>
+      oc.column("partition_key").doUpdateSet((eb) => ({
+        seq: eb("partition_counters.seq", "+", eb.ref("excluded.seq")),
+        updated_at: sql<Date>`now()`,
+        routes_before: sql<string>`partition_counters.routes`,
+        // This call's routes, numbered after the counter's last message.
+        routes: sql<string>`partition_counters.routes || (
+          SELECT jsonb_object_agg(r, jsonb_build_array(partition_counters.seq + (v ->> 0)::bigint, v -> 1))
+          FROM jsonb_each(excluded.routes) AS e(r, v))`,
+      })),
+    )
+    .returning((eb) => [
+      "partition_key",
+      eb.cast<number>("epoch", "double precision").as("epoch"),
+      eb.cast<number>("seq", "double precision").as("last"),
+      // A new key's row has the column's default ({}): nothing before it.
+      "routes_before",
+      NOW_MS.as("now_ms"),
+    ])
+    .execute()
+  // Each key's rows in order: the numbers after the counter's last, and the routes as they stood.
+  const state = new Map(
+    counters.map((c) => {
+      const current: Record<string, readonly [number, number]> = {}
+      for (const [route, entry] of Object.entries(c.routes_before ?? {}))
+        current[route] = [Number(entry[0]), Number(entry[1])]
+      return [
+        c.partition_key,
+        {
+          epoch: c.epoch,
+          next: c.last - perKey.get(c.partition_key)!.count + 1,
+          now: Number(c.now_ms),
+          current,
+        },
+      ]
+    }),
+  )
+  return rows.map(({ partition_key: key, route }) => {
+    if (key === null) return undefined
+    const at = state.get(key)!
+    const numbered: Numbered = { epoch: at.epoch, seq: at.next, routes: { ...at.current } }
+    at.current[route] = [at.next, at.now]
+    at.next++
+    return numbered
+  })
+}
+
+/** One validated outbox row as `Outbox.enqueue` builds it, before numbering. */
+export type EnqueueRow = Omit<OutboxValues, "partition_epoch" | "partition_seq">
+
+/**
+ * Writes `rows` (at least one) into `schema`'s outbox through the caller's
+ * executor: numbers the keyed rows, then one INSERT. `schema` must already be
+ * a validated identifier.
+ */
+export const writeOutbox = (
+  // biome-ignore lint/suspicious/noExplicitAny: enqueue joins whatever database the caller describes
+  executor: Kysely<any> | Transaction<any>,
+  schema: string,
+  rows: ReadonlyArray<EnqueueRow>,
+): Effect.Effect<void, StoreError> => {
+  const keyed = rows.some((r) => r.partition_key !== null)
+  const write = async (db: Kysely<TxboxDatabase>) => {
+    const positions = keyed
+      ? await numberByKey(
+          db.withSchema(schema),
+          rows.map((r) => ({ partition_key: r.partition_key, route: r.routing_key ?? r.type })),
+        )
+      : []
+    // Payload and headers are bound as text and cast: postgres.js would otherwise encode the JSON
+    // string a second time. The text names the schema itself.
+    await db.executeQuery(
+      insertOutbox(
+        schema,
+        rows.map((r, i) => {
+          const at = positions[i]
+          return at === undefined
+            ? { ...r, partition_epoch: null, partition_seq: null }
+            : {
+                ...r,
+                headers: withHeader(r.headers, PARTITION_ROUTES_HEADER, formatKeyRoutes(at.routes)),
+                partition_epoch: at.epoch,
+                partition_seq: at.seq,
+              }
+        }),
+      ),
+    )
+  }
+  // The caller's plugins (a CamelCasePlugin, say) would rename txbox's columns and result rows:
+  // its statements run without them, still on the caller's connection and transaction.
+  const db = executor.withoutPlugins() as Kysely<TxboxDatabase>
+  return Effect.tryPromise({
+    // Numbers and rows must commit together, or a key would have a gap its consumers wait on
+    // forever: outside a transaction, enqueue opens one of its own.
+    try: () => (keyed && !executor.isTransaction ? db.transaction().execute(write) : write(db)),
+    catch: (cause) => classifyDbError("Outbox.enqueue", cause),
+  })
+}
