@@ -260,7 +260,10 @@ export const writeOutbox = (
   }
   // The caller's plugins (a CamelCasePlugin, say) would rename txbox's columns and result rows:
   // its statements run without them, still on the caller's connection and transaction.
-  const db = executor.withoutPlugins() as Kysely<TxboxDatabase>
+  // (A new Transaction per call only when there are plugins to shed: enqueue runs once per business transaction.)
+  const db = (
+    executor.getExecutor().plugins.length === 0 ? executor : executor.withoutPlugins()
+  ) as Kysely<TxboxDatabase>
   return Effect.tryPromise({
     // Numbers and rows must commit together, or a key would have a gap its consumers wait on
     // forever: outside a transaction, enqueue opens one of its own.
