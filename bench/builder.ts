@@ -141,7 +141,7 @@ const row: InboxRow = {
 
 const outboxStatements = SqlOutboxStore.statements(db)
 const inboxStatements = SqlInboxStore.statements(db)
-const processed = (r: InboxRow) => ({ ...r, headers: JSON.stringify(r.headers ?? {}) })
+const processed = (r: InboxRow) => ({ ...r, headers: JSON.stringify(r.headers ?? {}), bound: null })
 
 // The JSON parameter (mark) and the headers' JSON text (insertProcessed) are built on every side.
 const statements = [

@@ -213,36 +213,37 @@ export const makeConsumer = (p: InboxParts) => {
   ): Effect.Effect<ReadonlyArray<Handled>, FailedAt<HandlerFailed> | StoreError> =>
     watchdog(
       (running) =>
-        p.store.transaction((tx) =>
-          Effect.gen(function* () {
-            const fresh =
-              items.length === 1
-                ? [yield* tx.insertProcessed(items[0]!.row)]
-                : yield* tx.insertProcessedAll(items.map((item) => item.row))
-            const outcomes: Handled[] = []
-            // The server cancels a handler's statement stuck past the handler's time (a row lock
-            // held elsewhere), so the rollback is not queued behind it holding the connection.
-            if (fresh.includes(true)) yield* tx.boundStatements(p.handlerTimeoutMs)
-            for (const [i, item] of items.entries()) {
-              if (fresh[i] !== true) {
-                outcomes.push("duplicate")
-                continue
+        p.store.transaction(
+          (tx) =>
+            Effect.gen(function* () {
+              const fresh =
+                items.length === 1
+                  ? [yield* tx.insertProcessed(items[0]!.row)]
+                  : yield* tx.insertProcessedAll(items.map((item) => item.row))
+              const outcomes: Handled[] = []
+              for (const [i, item] of items.entries()) {
+                if (fresh[i] !== true) {
+                  outcomes.push("duplicate")
+                  continue
+                }
+                yield* nowRunning(running, i)
+                yield* runHandler(
+                  p.consumer,
+                  item.handler,
+                  item.payload,
+                  item.envelope,
+                  tx.trx,
+                  undefined,
+                  p.messaging,
+                ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
+                yield* nowRunning(running, -1)
+                outcomes.push("processed")
               }
-              yield* nowRunning(running, i)
-              yield* runHandler(
-                p.consumer,
-                item.handler,
-                item.payload,
-                item.envelope,
-                tx.trx,
-                undefined,
-                p.messaging,
-              ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
-              yield* nowRunning(running, -1)
-              outcomes.push("processed")
-            }
-            return outcomes
-          }),
+              return outcomes
+            }),
+          // The server cancels a handler's statement stuck past the handler's time (a row lock
+          // held elsewhere), so the rollback is not queued behind it holding the connection.
+          { statementTimeoutMs: p.handlerTimeoutMs },
         ),
       p.handlerTimeoutMs,
       STATEMENTS_MS,

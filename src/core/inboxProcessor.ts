@@ -105,39 +105,39 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
     ): Effect.Effect<ReadonlyArray<boolean>, FailedAt<HandlerFailed> | StoreError> =>
       watchdog(
         (running) =>
-          p.store.transaction((tx) =>
-            Effect.gen(function* () {
-              const attempts = (item: Ready) => item.row.attempts + 1
-              const mine =
-                items.length === 1
-                  ? [yield* tx.markProcessed(p.consumer, items[0]!.row.key, token, attempts(items[0]!))]
-                  : yield* tx.markProcessedAll(
-                      p.consumer,
-                      token,
-                      items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
-                    )
-              // As in the consumer: the server cancels a handler's statement stuck past its time.
-              if (items.some((item, i) => mine[i] === true && item.decoded !== undefined))
-                yield* tx.boundStatements(p.handlerTimeoutMs)
-              for (const [i, item] of items.entries()) {
-                const decoded = item.decoded
-                if (mine[i] !== true || decoded === undefined) continue
-                // The stored key is already the dedupe key; keep it whatever the contract computes now.
-                const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
-                yield* nowRunning(running, i)
-                yield* runHandler(
-                  p.consumer,
-                  decoded.handler,
-                  decoded.payload,
-                  envelope,
-                  tx.trx,
-                  undefined,
-                  p.messaging,
-                ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
-                yield* nowRunning(running, -1)
-              }
-              return mine
-            }),
+          p.store.transaction(
+            (tx) =>
+              Effect.gen(function* () {
+                const attempts = (item: Ready) => item.row.attempts + 1
+                const mine =
+                  items.length === 1
+                    ? [yield* tx.markProcessed(p.consumer, items[0]!.row.key, token, attempts(items[0]!))]
+                    : yield* tx.markProcessedAll(
+                        p.consumer,
+                        token,
+                        items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
+                      )
+                for (const [i, item] of items.entries()) {
+                  const decoded = item.decoded
+                  if (mine[i] !== true || decoded === undefined) continue
+                  // The stored key is already the dedupe key; keep it whatever the contract computes now.
+                  const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
+                  yield* nowRunning(running, i)
+                  yield* runHandler(
+                    p.consumer,
+                    decoded.handler,
+                    decoded.payload,
+                    envelope,
+                    tx.trx,
+                    undefined,
+                    p.messaging,
+                  ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
+                  yield* nowRunning(running, -1)
+                }
+                return mine
+              }),
+            // As in the consumer: the server cancels a handler's statement stuck past its time.
+            { statementTimeoutMs: p.handlerTimeoutMs },
           ),
         p.handlerTimeoutMs,
         STATEMENTS_MS,

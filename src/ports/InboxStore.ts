@@ -44,6 +44,17 @@ export interface InboxRow {
   readonly standsInFor?: string | null
 }
 
+export interface InboxTransactionOptions {
+  /**
+   * Bounds on the database server too every statement after the transaction's
+   * first row inserted or marked processed (`statement_timeout` for the rest
+   * of the transaction, set by that write: no round trip of its own). A
+   * handler's statement stuck on a lock is cancelled when the handler's time
+   * is up, so the rollback and the connection are not held behind it.
+   */
+  readonly statementTimeoutMs?: number
+}
+
 /** The transaction a handler runs in, with the inbox writes that must commit with it. */
 export interface InboxTransaction {
   /** Handed to the handler: its writes commit or roll back with the inbox row. */
@@ -73,13 +84,6 @@ export interface InboxTransaction {
     token: string,
     attempts: number,
   ) => Effect.Effect<boolean, StoreError>
-  /**
-   * Bounds every later statement of this transaction on the database server
-   * too (`statement_timeout` for the rest of the transaction): a handler's
-   * statement stuck on a lock is cancelled by the server when the handler's
-   * time is up, so the rollback and the connection are not held behind it.
-   */
-  readonly boundStatements: (ms: number) => Effect.Effect<void, StoreError>
   /** `markProcessed` for several rows of one claim in one statement: per row, in input order, whether `token` still held it. */
   readonly markProcessedAll: (
     consumer: string,
@@ -105,6 +109,7 @@ export interface InboxStoreShape {
   /** Runs `use` in one database transaction: commit when it succeeds, roll back when it fails or is interrupted. */
   readonly transaction: <A, E, R>(
     use: (tx: InboxTransaction) => Effect.Effect<A, E, R>,
+    options?: InboxTransactionOptions,
   ) => Effect.Effect<A, E | StoreError, R>
   /**
    * Store-then-process: persists deliveries as pending in one write; returns

@@ -93,7 +93,7 @@ describe("SQL stores", () => {
     const inbox = SqlInboxStore.statements(db)
     const verdicts = SqlOutboxStore.markVerdicts([{ id: token, verdict: { _tag: "Done" } }])
     const rows = SqlInboxStore.storedRows([row])
-    const processed = { ...row, headers: "{}" }
+    const processed = { ...row, headers: "{}", bound: "1000" }
     const failures = SqlInboxStore.markFailures([{ key: "k", verdict: { _tag: "Dead", error: "x" } }])
     const pairs = [
       [
@@ -128,8 +128,8 @@ describe("SQL stores", () => {
         SqlInboxStore.parkQuery(db, { consumer: "c", waitedMs: 7 }),
       ],
       [
-        () => inbox.markProcessed({ consumer: "c", key: "k", token, attempts: 3 }),
-        SqlInboxStore.markProcessedQuery(db, { consumer: "c", key: "k", token, attempts: 3 }),
+        () => inbox.markProcessed({ consumer: "c", key: "k", token, attempts: 3, bound: null }),
+        SqlInboxStore.markProcessedQuery(db, { consumer: "c", key: "k", token, attempts: 3, bound: null }),
       ],
       [
         () => inbox.mark({ consumer: "c", token, failures }),

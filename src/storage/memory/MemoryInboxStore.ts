@@ -375,8 +375,6 @@ export const make = (): Effect.Effect<MemoryInbox> =>
         })
       const self: InboxTransaction = {
         trx: noSqlTransaction,
-        // Nothing runs on a server here: a handler's time is bounded by the inbox alone.
-        boundStatements: () => Effect.void,
         insertProcessed: (row) =>
           inTx("InboxStore.insertProcessed", (now) => {
             const k = rowKey(row.consumer, row.key)

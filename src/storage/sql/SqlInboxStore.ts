@@ -11,7 +11,7 @@
  */
 import { Effect, Layer } from "effect"
 import {
-  CompiledQuery,
+  type CompiledQuery,
   type ExpressionBuilder,
   type Kysely,
   type QueryCreator,
@@ -28,6 +28,7 @@ import {
   InboxStore,
   type InboxStoreShape,
   type InboxTransaction,
+  type InboxTransactionOptions,
   type OrderedDeadPolicy,
 } from "../../ports/InboxStore.ts"
 import type { Claim } from "../../ports/lease.ts"
@@ -113,8 +114,19 @@ const toRow = (row: StoredRow): InboxRow => ({
 
 // Each statement as a function of its parameters, compiled once per store by `statements`.
 
+/**
+ * `statement_timeout` for the rest of the transaction (`InboxTransactionOptions`),
+ * set as a side effect of the row it is returned with: no round trip of its own,
+ * and only when a row was inserted or marked, that is, when a handler will run.
+ * `bound` is milliseconds as text; null keeps the session's own setting.
+ */
+const boundStatements = (bound: string | null) =>
+  sql<string>`set_config('statement_timeout', coalesce(${bound}::text, current_setting('statement_timeout')), true)`
+
 /** `insertProcessed`'s parameters. (A type, not an interface: `prepare` wants a record.) */
 export type ProcessedValues = {
+  /** `boundStatements`'s milliseconds, as text. */
+  readonly bound: string | null
   readonly key: string
   readonly consumer: string
   readonly type: string | null
@@ -151,7 +163,7 @@ export const insertProcessedQuery = (
       processed_at: now,
     })
     .onConflict((oc) => oc.columns(["message_id", "consumer"]).doNothing())
-    .returning("message_id")
+    .returning(["message_id", boundStatements(row.bound).as("bound")])
     .compile()
 
 /** A row to be inserted processed: the dedupe record, without payload and headers (see `insertProcessedQuery`). */
@@ -168,7 +180,8 @@ export const storedRows = (rows: ReadonlyArray<InboxRow>): string => JSON.string
 export const insertRowsQuery = (
   db: Kysely<TxboxDatabase>,
   status: "pending" | "dead" | "processed",
-  { rows }: { readonly rows: string },
+  /** `bound`: with processed rows, `boundStatements`'s milliseconds as text. */
+  { rows, bound }: { readonly rows: string; readonly bound?: string | null },
   /** Stand-ins (core/standIn.ts): none where the key they repeat holds their position. */
   standIns = false,
 ): CompiledQuery<{ message_id: string }> => {
@@ -240,7 +253,7 @@ export const insertRowsQuery = (
           ),
       )
       .onConflict((oc) => oc.columns(["message_id", "consumer"]).doNothing())
-      .returning("message_id")
+      .returning(bound === undefined ? ["message_id"] : ["message_id", boundStatements(bound).as("bound")])
       .compile()
   )
 }
@@ -662,7 +675,14 @@ export const markProcessedQuery = (
     key,
     token,
     attempts,
-  }: { readonly consumer: string; readonly key: string; readonly token: string; readonly attempts: number },
+    bound,
+  }: {
+    readonly consumer: string
+    readonly key: string
+    readonly token: string
+    readonly attempts: number
+    readonly bound: string | null
+  },
 ): CompiledQuery<{ marked: string | number | bigint }> =>
   db
     .with("m", (qb) =>
@@ -690,7 +710,7 @@ export const markProcessedQuery = (
     .with("c", (qb) => upsertCursors(qb, { marked: "every" }))
     .with("woken", (qb) => unparkAfter(qb))
     .selectFrom("m")
-    .select((eb) => eb.fn.countAll().as("marked"))
+    .select((eb) => [eb.fn.countAll().as("marked"), eb.fn.max(boundStatements(bound)).as("bound")])
     .compile()
 
 /** `markProcessedAll`'s rows parameter: a JSON array of `{ key, attempts }`. */
@@ -705,7 +725,17 @@ export const markedRows = (
  */
 export const markProcessedAllQuery = (
   db: Kysely<TxboxDatabase>,
-  { consumer, token, rows }: { readonly consumer: string; readonly token: string; readonly rows: string },
+  {
+    consumer,
+    token,
+    rows,
+    bound,
+  }: {
+    readonly consumer: string
+    readonly token: string
+    readonly rows: string
+    readonly bound: string | null
+  },
 ): CompiledQuery<{ message_id: string }> => {
   const u = sql<{ key: string; attempts: number }>`jsonb_to_recordset(${rows}::text::jsonb)`.as<"u">(
     sql`u(key text, attempts int)`,
@@ -738,7 +768,7 @@ export const markProcessedAllQuery = (
       .with("c", (qb) => upsertCursors(qb, { marked: "furthestPerKey" }))
       .with("woken", (qb) => unparkAfter(qb))
       .selectFrom("m")
-      .select("m.message_id")
+      .select(["m.message_id", boundStatements(bound).as("bound")])
       .compile()
   )
 }
@@ -842,7 +872,10 @@ export interface InboxStatements {
   readonly markProcessed: (
     params: Parameters<typeof markProcessedQuery>[1],
   ) => CompiledQuery<{ marked: string | number | bigint }>
-  readonly insertProcessedAll: (params: { readonly rows: string }) => CompiledQuery<{ message_id: string }>
+  readonly insertProcessedAll: (params: {
+    readonly rows: string
+    readonly bound: string | null
+  }) => CompiledQuery<{ message_id: string }>
   readonly markProcessedAll: (
     params: Parameters<typeof markProcessedAllQuery>[1],
   ) => CompiledQuery<{ message_id: string }>
@@ -859,6 +892,7 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     partitionKey: "\0partitionKey",
     tenantId: "\0tenantId",
     attempts: -2,
+    bound: "\0bound",
   }),
   insertPending: prepare(db, (db, p: { readonly rows: string }) => insertRowsQuery(db, "pending", p), {
     rows: "\0rows",
@@ -887,14 +921,18 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     key: "\0key",
     token: "\0token",
     attempts: -1,
+    bound: "\0bound",
   }),
-  insertProcessedAll: prepare(db, (db, p: { readonly rows: string }) => insertRowsQuery(db, "processed", p), {
-    rows: "\0rows",
-  }),
+  insertProcessedAll: prepare(
+    db,
+    (db, p: { readonly rows: string; readonly bound: string | null }) => insertRowsQuery(db, "processed", p),
+    { rows: "\0rows", bound: "\0bound" },
+  ),
   markProcessedAll: prepare(db, markProcessedAllQuery, {
     consumer: "\0consumer",
     token: "\0token",
     rows: "\0rows",
+    bound: "\0bound",
   }),
   mark: prepare(db, markQuery, { consumer: "\0consumer", token: "\0token", failures: "\0failures" }),
 })
@@ -907,46 +945,45 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
   const q = statements(db)
 
   // biome-ignore lint/suspicious/noExplicitAny: the service's own database type, as the port hands it out
-  const inTransaction = (trx: Transaction<any>): InboxTransaction => ({
-    trx,
-    boundStatements: (ms) =>
-      tryStore("InboxStore.boundStatements", () =>
-        // set_config(…, true) is SET LOCAL with a parameter: it ends with the transaction.
-        trx.executeQuery(
-          CompiledQuery.raw("SELECT set_config('statement_timeout', $1, true)", [String(Math.ceil(ms))]),
+  const inTransaction = (trx: Transaction<any>, options: InboxTransactionOptions = {}): InboxTransaction => {
+    const ms = options.statementTimeoutMs
+    const bound = ms === undefined ? null : String(Math.ceil(ms))
+    return {
+      trx,
+      insertProcessed: (row) =>
+        tryStore("InboxStore.insertProcessed", () =>
+          trx.executeQuery(q.insertProcessed({ ...row, bound })).then((r) => r.rows.length === 1),
         ),
-      ),
-    insertProcessed: (row) =>
-      tryStore("InboxStore.insertProcessed", () =>
-        trx.executeQuery(q.insertProcessed(row)).then((r) => r.rows.length === 1),
-      ),
-    insertProcessedAll: (rows) => {
-      // The first of each key goes in; a later one of the same key is a duplicate of it.
-      const firsts = new Map<string, InboxRow>()
-      for (const row of rows) if (!firsts.has(row.key)) firsts.set(row.key, row)
-      return tryStore("InboxStore.insertProcessedAll", () =>
-        trx
-          .executeQuery(q.insertProcessedAll({ rows: storedRows([...firsts.values()].map(slim)) }))
-          .then((r) => {
-            const fresh = new Set(r.rows.map((x) => x.message_id))
-            return rows.map((row) => firsts.get(row.key) === row && fresh.has(row.key))
-          }),
-      )
-    },
-    markProcessedAll: (consumer, token, rows) =>
-      tryStore("InboxStore.markProcessedAll", () =>
-        trx.executeQuery(q.markProcessedAll({ consumer, token, rows: markedRows(rows) })).then((r) => {
-          const marked = new Set(r.rows.map((x) => x.message_id))
-          return rows.map((row) => marked.has(row.key))
-        }),
-      ),
-    markProcessed: (consumer, key, token, attempts) =>
-      tryStore("InboxStore.markProcessed", () =>
-        trx
-          .executeQuery(q.markProcessed({ consumer, key, token, attempts }))
-          .then((r) => Number(r.rows[0]?.marked ?? 0) === 1),
-      ),
-  })
+      insertProcessedAll: (rows) => {
+        // The first of each key goes in; a later one of the same key is a duplicate of it.
+        const firsts = new Map<string, InboxRow>()
+        for (const row of rows) if (!firsts.has(row.key)) firsts.set(row.key, row)
+        return tryStore("InboxStore.insertProcessedAll", () =>
+          trx
+            .executeQuery(q.insertProcessedAll({ rows: storedRows([...firsts.values()].map(slim)), bound }))
+            .then((r) => {
+              const fresh = new Set(r.rows.map((x) => x.message_id))
+              return rows.map((row) => firsts.get(row.key) === row && fresh.has(row.key))
+            }),
+        )
+      },
+      markProcessedAll: (consumer, token, rows) =>
+        tryStore("InboxStore.markProcessedAll", () =>
+          trx
+            .executeQuery(q.markProcessedAll({ consumer, token, rows: markedRows(rows), bound }))
+            .then((r) => {
+              const marked = new Set(r.rows.map((x) => x.message_id))
+              return rows.map((row) => marked.has(row.key))
+            }),
+        ),
+      markProcessed: (consumer, key, token, attempts) =>
+        tryStore("InboxStore.markProcessed", () =>
+          trx
+            .executeQuery(q.markProcessed({ consumer, key, token, attempts, bound }))
+            .then((r) => Number(r.rows[0]?.marked ?? 0) === 1),
+        ),
+    }
+  }
 
   const insertRows = (
     operation: string,
@@ -997,8 +1034,8 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
   })
 
   return {
-    transaction: (use) =>
-      withTransaction(database.db, (trx) => use(inTransaction(trx)), {
+    transaction: (use, options) =>
+      withTransaction(database.db, (trx) => use(inTransaction(trx, options)), {
         commitRefusesAborted: database.commitRefusesAborted === true,
       }),
     insertPending: (rows) =>

@@ -78,9 +78,10 @@ const handlersGetPlugins =
       ? store
       : {
           ...store,
-          transaction: (use) =>
-            store.transaction((tx) =>
-              use({ ...tx, trx: plugins.reduce((trx, plugin) => trx.withPlugin(plugin), tx.trx) }),
+          transaction: (use, options) =>
+            store.transaction(
+              (tx) => use({ ...tx, trx: plugins.reduce((trx, plugin) => trx.withPlugin(plugin), tx.trx) }),
+              options,
             ),
         }
 
