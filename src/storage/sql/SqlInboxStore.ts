@@ -19,7 +19,6 @@ import {
   type Transaction,
 } from "kysely"
 import { standInsFor } from "../../core/standIn.ts"
-import { storableMessage } from "../../core/storable.ts"
 import { uuidv7 } from "../../core/uuid.ts"
 import { Database, notifyChannel } from "../../ports/Database.ts"
 import {
@@ -33,9 +32,17 @@ import {
 } from "../../ports/InboxStore.ts"
 import type { Claim } from "../../ports/lease.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
-import { verdictRow } from "../verdictRow.ts"
 import { tryStore } from "./errors.ts"
-import { affected, now, nowPlusMs, pending, pendingOfKey, upsertCursors, waitsForOf } from "./fragments.ts"
+import {
+  affected,
+  now,
+  nowPlusMs,
+  pending,
+  pendingOfKey,
+  upsertCursors,
+  verdictsJson,
+  waitsForOf,
+} from "./fragments.ts"
 import { CHAINED_PER_CLAIM, chainOrder } from "./partitionGate.ts"
 import { prepare } from "./prepared.ts"
 import { withTransaction } from "./transaction.ts"
@@ -594,30 +601,27 @@ export const unparkQuery = (
     .where(goesNow(passDead))
     .compile()
 
-/** Hands every row of `consumer` that `token` holds back, due now (a claim given up on). */
-export const releaseQuery = (
-  db: Kysely<TxboxDatabase>,
-  { consumer, token }: { readonly consumer: string; readonly token: string },
-): CompiledQuery =>
+/** The rows of `consumer` that `token` holds, handed back due now. */
+const handBack = (db: Kysely<TxboxDatabase>, consumer: string, token: string) =>
   db
     .updateTable("inbox")
     .set({ lock_token: sql.lit(null), visible_at: now })
     .where("consumer", "=", consumer)
     .where("lock_token", "=", token)
     .where("status", "=", pending)
-    .compile()
+
+/** Hands every row of `consumer` that `token` holds back, due now (a claim given up on). */
+export const releaseQuery = (
+  db: Kysely<TxboxDatabase>,
+  { consumer, token }: { readonly consumer: string; readonly token: string },
+): CompiledQuery => handBack(db, consumer, token).compile()
 
 /** Hands back the rows `keys` (a JSON array text) of `consumer` that `token` holds, due now: a claim's rows whose predecessor another claim holds. */
 export const releaseSomeQuery = (
   db: Kysely<TxboxDatabase>,
   { consumer, token, keys }: { readonly consumer: string; readonly token: string; readonly keys: string },
 ): CompiledQuery =>
-  db
-    .updateTable("inbox")
-    .set({ lock_token: sql.lit(null), visible_at: now })
-    .where("consumer", "=", consumer)
-    .where("lock_token", "=", token)
-    .where("status", "=", pending)
+  handBack(db, consumer, token)
     .where(sql<boolean>`message_id IN (SELECT jsonb_array_elements_text(${keys}::text::jsonb))`)
     .compile()
 
@@ -775,17 +779,10 @@ export const markProcessedAllQuery = (
 
 /** `mark`'s one parameter: the failures as a JSON array of `MarkRecord`. */
 export const markFailures = (marks: ReadonlyArray<InboxMark>): string =>
-  JSON.stringify(
-    marks.map(({ key, verdict }): MarkRecord => {
-      const row = verdictRow(verdict)
-      return {
-        id: key,
-        status: row.status,
-        delay_ms: row.delayMs,
-        inc: row.inc,
-        error: storableMessage(row.error),
-      }
-    }),
+  // Failures only: a processed row is marked inside its handler's transaction.
+  verdictsJson(
+    marks.map(({ key, verdict }) => ({ id: key, verdict })),
+    "processed",
   )
 
 /** Records a claim's failures (`markFailures`) in one statement: retry later or dead. Only rows `token` still holds change. */

@@ -18,7 +18,6 @@
  */
 import { Effect, Layer } from "effect"
 import { type CompiledQuery, createQueryId, type Kysely, sql } from "kysely"
-import { storableMessage } from "../../core/storable.ts"
 import { uuidv7 } from "../../core/uuid.ts"
 import { Database, notifyChannel } from "../../ports/Database.ts"
 import type { Claim } from "../../ports/lease.ts"
@@ -29,9 +28,8 @@ import {
   type OutboxStoreShape,
 } from "../../ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
-import { verdictRow } from "../verdictRow.ts"
 import { tryStore } from "./errors.ts"
-import { affected, now, nowPlusMs, pending } from "./fragments.ts"
+import { affected, now, nowPlusMs, pending, verdictsJson } from "./fragments.ts"
 import * as opsSql from "./operations.ts"
 import { prepare } from "./prepared.ts"
 
@@ -109,19 +107,7 @@ export const claimQuery = (
     .compile()
 
 /** `mark`'s one parameter: the verdicts as a JSON array of `MarkRecord`. */
-export const markVerdicts = (marks: ReadonlyArray<OutboxMark>): string =>
-  JSON.stringify(
-    marks.map(({ id, verdict }): MarkRecord => {
-      const row = verdictRow(verdict, "sent")
-      return {
-        id,
-        status: row.status,
-        delay_ms: row.delayMs,
-        inc: row.inc,
-        error: storableMessage(row.error),
-      }
-    }),
-  )
+export const markVerdicts = (marks: ReadonlyArray<OutboxMark>): string => verdictsJson(marks, "sent")
 
 /**
  * Records a whole batch's verdicts (`markVerdicts`) in one statement. Rows are

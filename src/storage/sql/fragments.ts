@@ -2,6 +2,9 @@
  * The few SQL pieces both SQL stores need where Kysely's builder has no words.
  */
 import { type Expression, type QueryCreator, sql } from "kysely"
+import { storableMessage } from "../../core/storable.ts"
+import type { Verdict } from "../../ports/lease.ts"
+import { verdictRow } from "../verdictRow.ts"
 
 /**
  * `now() + n ms`: Kysely has no interval arithmetic. A number is bound as a
@@ -98,3 +101,26 @@ export const upsertCursors = (
       : into.values(cursors)
   return rows.onConflict((oc) => oc.columns(["consumer", "partition_key"]).doUpdateSet(cursorForward))
 }
+
+/**
+ * A batch's verdicts as the one JSON parameter both stores' mark statements
+ * read (`json_to_recordset`): per row `{ id, status, delay_ms, inc, error }`,
+ * from the one verdict encoding (`verdictRow`), error text made storable.
+ * `done`: the status a Done verdict sets in that table.
+ */
+export const verdictsJson = (
+  marks: ReadonlyArray<{ readonly id: string; readonly verdict: Verdict }>,
+  done: string,
+): string =>
+  JSON.stringify(
+    marks.map(({ id, verdict }) => {
+      const row = verdictRow(verdict, done)
+      return {
+        id,
+        status: row.status,
+        delay_ms: row.delayMs,
+        inc: row.inc,
+        error: storableMessage(row.error),
+      }
+    }),
+  )
