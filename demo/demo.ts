@@ -41,8 +41,8 @@ import {
   TxboxSchema,
   type TxboxStore,
 } from "../src/index.ts"
-import { MemoryTransport } from "../src/memory.ts"
 import { migrate, PgliteStore } from "../src/pglite.ts"
+import { MemoryTransport } from "../src/testing.ts"
 
 // ── The contract, shared by the orders and billing services ───────────────────────────────────────
 

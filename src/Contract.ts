@@ -216,6 +216,7 @@ export const decode = <C extends AnyContract>(
 export interface Decoded {
   /** The registered contract the payload now conforms to (its handler's). */
   readonly contract: AnyContract
+  /** The payload validated against `contract`'s schema (its `Type`), after any upcasts. */
   readonly payload: unknown
   /** The version the message was sent as, when it was upcast to `contract.version`. */
   readonly upcastFrom: number | undefined
@@ -228,6 +229,7 @@ export interface Decoded {
  * A message without a version is read as version 1.
  */
 export interface Registry {
+  /** Every contract registered, as given. */
   readonly contracts: ReadonlyArray<AnyContract>
   /** The registered contract that handles a sent `(type, version)`, directly or through upcasts. */
   readonly resolve: (
@@ -240,6 +242,7 @@ export interface Registry {
     version: number | undefined,
     body: string | unknown,
   ) => Effect.Effect<Decoded, UnknownEventError | ValidationError>
+  /** The distinct event types registered: what an inbox subscribes its queue to. */
   readonly types: ReadonlyArray<string>
 }
 

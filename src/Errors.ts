@@ -6,10 +6,12 @@
 import { Data } from "effect"
 
 // Each base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
+// Each is `@internal` for deno doc, which reads a variable's tags between `const` and its name only.
 type TaggedErrorClass<Tag extends string> = ReturnType<typeof Data.TaggedError<Tag>>
 
+const /** @internal */ ValidationErrorBase: TaggedErrorClass<"ValidationError"> =
+    Data.TaggedError("ValidationError")
 /** A payload did not match its contract's schema (on enqueue or on consume). */
-const ValidationErrorBase: TaggedErrorClass<"ValidationError"> = Data.TaggedError("ValidationError")
 export class ValidationError extends ValidationErrorBase<{
   readonly type: string
   readonly version: number
@@ -22,9 +24,11 @@ export class ValidationError extends ValidationErrorBase<{
    */
   readonly validatorFailed?: boolean
 }> {
+  /** True only when the validator failed, not the payload: an invalid payload stays invalid. */
   get retryable(): boolean {
     return this.validatorFailed === true
   }
+  /** The contract (`type@vN`) and its first three issues. */
   override get message(): string {
     const first = this.issues
       .slice(0, 3)
@@ -35,13 +39,14 @@ export class ValidationError extends ValidationErrorBase<{
   }
 }
 
+const /** @internal */ UnknownEventErrorBase: TaggedErrorClass<"UnknownEventError"> =
+    Data.TaggedError("UnknownEventError")
 /**
  * A message arrived whose (type, version) no contract in the registry handles:
  * an unknown type, a version newer than any this consumer knows (upgrade the
  * consumer first), or an older or skipped one that no upcast chain reaches.
  * `version` is undefined when the message carried none (it is read as 1).
  */
-const UnknownEventErrorBase: TaggedErrorClass<"UnknownEventError"> = Data.TaggedError("UnknownEventError")
 export class UnknownEventError extends UnknownEventErrorBase<{
   readonly type: string
   readonly version: number | undefined
@@ -49,7 +54,9 @@ export class UnknownEventError extends UnknownEventErrorBase<{
   /** The versions this registry handles directly, oldest first (when the type is known). */
   readonly handled?: ReadonlyArray<number>
 }> {
+  /** Never: the same message meets the same registry until the consumer is upgraded. */
   readonly retryable = false
+  /** What was missing, and the upgrade or upcast chain that would handle it. */
   override get message(): string {
     if (this.reason === "unknown-type") return `unknown event type ${JSON.stringify(this.type)}`
     const handled = this.handled ?? []
@@ -69,17 +76,20 @@ export class UnknownEventError extends UnknownEventErrorBase<{
   }
 }
 
+const /** @internal */ ConfigErrorBase: TaggedErrorClass<"ConfigError"> = Data.TaggedError("ConfigError")
 /** A programming error in configuration: bad schema name, duplicate contract, bad option. */
-const ConfigErrorBase: TaggedErrorClass<"ConfigError"> = Data.TaggedError("ConfigError")
 export class ConfigError extends ConfigErrorBase<{
   readonly reason: string
 }> {
+  /** Never: a bad configuration stays bad until the code changes. */
   readonly retryable = false
+  /** The `reason` itself. */
   override get message(): string {
     return this.reason
   }
 }
 
+const /** @internal */ StoreErrorBase: TaggedErrorClass<"StoreError"> = Data.TaggedError("StoreError")
 /**
  * The database could not do what was asked. `connection` and `serialization`
  * reasons are transient; the others are not worth retrying. `data`: the
@@ -88,30 +98,34 @@ export class ConfigError extends ConfigErrorBase<{
  * failed and the error was caught, so PostgreSQL would have answered COMMIT
  * with a silent ROLLBACK.
  */
-const StoreErrorBase: TaggedErrorClass<"StoreError"> = Data.TaggedError("StoreError")
 export class StoreError extends StoreErrorBase<{
   readonly reason: "connection" | "serialization" | "constraint" | "query" | "migration" | "data" | "aborted"
   readonly operation: string
   readonly cause?: unknown
 }> {
+  /** True for the transient reasons, `connection` and `serialization`. */
   get retryable(): boolean {
     return this.reason === "connection" || this.reason === "serialization"
   }
+  /** The operation, the reason and the cause, with credentials in URLs redacted. */
   override get message(): string {
     return `${this.operation} failed (${this.reason}): ${describeCause(this.cause)}`
   }
 }
 
+const /** @internal */ TransportErrorBase: TaggedErrorClass<"TransportError"> =
+    Data.TaggedError("TransportError")
 /** The broker could not be reached or refused an operation that is not per-message. */
-const TransportErrorBase: TaggedErrorClass<"TransportError"> = Data.TaggedError("TransportError")
 export class TransportError extends TransportErrorBase<{
   readonly reason: "connection" | "channel" | "topology" | "closed"
   readonly operation: string
   readonly cause?: unknown
 }> {
+  /** True except for `topology`: a declaration the broker refuses is refused again. */
   get retryable(): boolean {
     return this.reason !== "topology"
   }
+  /** The operation, the reason and the cause, with credentials in URLs redacted. */
   override get message(): string {
     return `${this.operation} failed (${this.reason}): ${describeCause(this.cause)}`
   }

@@ -38,11 +38,13 @@ export {
   handler,
 } from "./core/handler.ts"
 
+/** Options of an inbox (`Inbox.make`, `Inbox.layer`, `txbox.inbox()`): its consumer name, its handlers, and how it runs them. */
 export interface InboxConfig {
   /** Names this consuming service: its queue and its inbox rows. */
   readonly consumer: string
+  /** One per contract, made with `Inbox.handler`; their event types are what the queue subscribes to. */
   readonly handlers: ReadonlyArray<Handler>
-  /** @default "idempotent" */
+  /** How deliveries become handled: see the module doc for `"idempotent"` and `"store-then-process"`. @default "idempotent" */
   readonly mode?: "idempotent" | "store-then-process"
   /** Deliveries in flight at once. @default 32 */
   readonly prefetch?: number
@@ -88,27 +90,41 @@ export interface InboxConfig {
   readonly afterCommit?: (delivery: Delivery) => Effect.Effect<void>
 }
 
+/** Counts since this inbox started (not persisted): what its handlers did with the deliveries. */
 export interface InboxStats {
+  /** Messages whose handler committed. */
   readonly processed: number
+  /** Deliveries skipped because their dedupe key was already in the inbox. */
   readonly duplicates: number
+  /** Handler failures scheduled for another attempt. */
   readonly retried: number
+  /** Messages given up on (attempts exhausted or never handleable). */
   readonly dead: number
+  /** Deliveries persisted for the processor (store-then-process, and ordered messages). */
   readonly stored: number
+  /** When a delivery or stored row was last handled; undefined before the first. */
   readonly lastActivityAt: Date | undefined
 }
 
+/** A health check of a running inbox, for readiness probes and dashboards. */
 export interface InboxHealth {
   /** Use as a readiness probe: the broker connection is up and the processor loop is running cycles. */
   readonly ready: boolean
+  /** Whether the transport's broker connection is up now. */
   readonly brokerConnected: boolean
   /** Whether the processor completed a cycle lately without an error. */
   readonly processorRunning: boolean
+  /** When a delivery or stored row was last handled; undefined before the first. */
   readonly lastActivityAt: Date | undefined
+  /** The processor loop's last failure, cleared by its next successful cycle. */
   readonly lastError: string | undefined
 }
 
+/** What `Inbox.make` returns: the running inbox's stats and health, read on demand. */
 export interface InboxHandle {
+  /** Reads the counters since start. */
   readonly stats: Effect.Effect<InboxStats>
+  /** Checks the broker connection and the processor loop. */
   readonly health: Effect.Effect<InboxHealth>
 }
 
@@ -116,17 +132,29 @@ const CONSUMER = /^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$/
 
 /** The validated configuration, durations in milliseconds. */
 export interface ResolvedInboxConfig {
+  /** `InboxConfig.consumer`, checked against the allowed name pattern. */
   readonly consumer: string
+  /** `InboxConfig.mode`, defaulted. */
   readonly mode: "idempotent" | "store-then-process"
+  /** `InboxConfig.prefetch`: deliveries in flight at once. */
   readonly prefetch: number
+  /** `InboxConfig.transactions`: idempotent-mode inbox transactions open at once. */
   readonly transactions: number
+  /** `InboxConfig.batchSize`: rows the processor claims per cycle. */
   readonly batchSize: number
+  /** `InboxConfig.processorConcurrency`: handlers the processor runs at once. */
   readonly concurrency: number
+  /** `InboxConfig.lease`, in ms: how long a processor claim holds its rows. */
   readonly leaseMs: number
+  /** `InboxConfig.pollInterval`, in ms. */
   readonly pollMs: number
+  /** `InboxConfig.handlerTimeout`, in ms. */
   readonly handlerTimeoutMs: number
+  /** `InboxConfig.onOrderedDead`: `"block"` or `"skip"` the key's later messages. */
   readonly onOrderedDead: OrderedDeadPolicy
+  /** Per-message handler retries, over `defaultRetryPolicy`. */
   readonly retry: RetryPolicy
+  /** In-memory backoff while the database or broker is away (200 ms to 10 s). */
   readonly outage: RetryPolicy
 }
 

@@ -13,6 +13,7 @@ import { type ConfigError, type StoreError, ValidationError } from "./Errors.ts"
 import { TxboxSchema } from "./ports/Database.ts"
 import { writeOutbox } from "./storage/sql/enqueue.ts"
 
+/** Per-event options of `Outbox.enqueue`: its id, ordering key, headers, routing and delay. */
 export interface EnqueueOptions {
   /** The event id, also the AMQP `messageId` and the inbox dedupe key. A UUID. @default a new UUIDv7 */
   readonly messageId?: string
@@ -23,6 +24,7 @@ export interface EnqueueOptions {
    * wait for each other from this enqueue to their commit.
    */
   readonly partitionKey?: string
+  /** The tenant the event belongs to: on its row (`txbox status` and `txbox dead` filter by it) and carried as `envelope.tenantId`. */
   readonly tenantId?: string
   /** Extra string headers carried to the consumer. Names starting with `cloudEvents:` or `txbox-` are reserved. */
   readonly headers?: Readonly<Record<string, string>>
@@ -38,15 +40,23 @@ export interface EnqueueOptions {
 // biome-ignore lint/suspicious/noExplicitAny: enqueue joins whatever database the caller describes
 export type Executor = Kysely<any> | Transaction<any>
 
+/** What enqueue wrote: the outbox row's message id and its contract. Sent once the transaction commits and the relay publishes it. */
 export interface EnqueuedMessage {
+  /** The message id (the given `messageId` or a new UUIDv7). */
   readonly id: string
+  /** The contract's event type. */
   readonly type: string
+  /** The contract's version the payload was written as. */
   readonly version: number
 }
 
+/** One event of `Outbox.enqueueMany`: what `enqueue` takes as arguments, as a record. */
 export interface EventInput<C extends AnyContract = AnyContract> {
+  /** The contract the payload is validated and encoded with. */
   readonly contract: C
+  /** The payload in the contract's input (encoded) type. */
   readonly payload: InputOf<C>
+  /** As for `enqueue`. */
   readonly options?: EnqueueOptions
 }
 

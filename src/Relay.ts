@@ -27,6 +27,7 @@ import { OutboxStore } from "./ports/OutboxStore.ts"
 import { Transport } from "./ports/Transport.ts"
 import { makeRetryPolicy, type RetryPolicy } from "./Retry.ts"
 
+/** Options of a relay (`Relay.make`, `Relay.layer`, `txbox.relay()`); every one has a default. */
 export interface RelayConfig {
   /** Rows claimed and published per cycle. @default 1000 */
   readonly batchSize?: number
@@ -55,36 +56,53 @@ export interface RelayConfig {
   }
 }
 
+/** Counts since this relay started (not persisted), and its loop's last cycle. */
 export interface RelayStats {
+  /** Messages the broker confirmed and the relay marked sent. */
   readonly published: number
+  /** Failed publishes scheduled for another attempt. */
   readonly retried: number
+  /** Messages given up on (attempts exhausted, or refused for good). */
   readonly dead: number
   /** Marks that found their row already re-claimed by another relay (lease ran out). */
   readonly lostLeases: number
+  /** Claims that found rows and went through publish and mark. */
   readonly batches: number
+  /** When a worker's loop last ended a cycle (succeeded or failed); undefined before the first. */
   readonly lastCycleAt: Date | undefined
+  /** The loop's last failure, cleared by its next successful cycle. */
   readonly lastError: string | undefined
 }
 
+/** A health check of a running relay, for readiness probes and dashboards. */
 export interface RelayHealth {
   /** Use as a readiness probe: the broker is connected and the loop completed a cycle recently. */
   readonly ready: boolean
+  /** Whether the transport's broker connection is up now. */
   readonly brokerConnected: boolean
+  /** When a worker's loop last ended a cycle (succeeded or failed); undefined before the first. */
   readonly lastCycleAt: Date | undefined
   /** Age of the oldest due, unpublished message, measured every few seconds. */
   readonly lagSeconds: number
+  /** The loop's last failure, cleared by its next successful cycle. */
   readonly lastError: string | undefined
 }
 
+/** What `Relay.make` returns: the running relay's stats and health, read on demand. */
 export interface RelayHandle {
+  /** Reads the counters since start. */
   readonly stats: Effect.Effect<RelayStats>
+  /** Checks the broker connection, the loop's liveness and the outbox lag. */
   readonly health: Effect.Effect<RelayHealth>
 }
 
 /** The validated configuration, durations in milliseconds. */
 export interface ResolvedRelayConfig extends RelaySettings {
+  /** `RelayConfig.workers`: concurrent claim → publish → mark loops. */
   readonly workers: number
+  /** `RelayConfig.pollInterval`, in ms. */
   readonly pollMs: number
+  /** `RelayConfig.retention` in seconds and ms, with its defaults; undefined when off. */
   readonly retention:
     | { readonly olderThanSeconds: number; readonly everyMs: number; readonly batchSize: number }
     | undefined

@@ -7,6 +7,7 @@
 import { Duration, Effect, Schedule } from "effect"
 import * as config from "./core/config.ts"
 
+/** How retries back off: exponential from `initialDelay` by `factor`, capped at `maxDelay`, optionally jittered. */
 export interface RetryPolicy {
   /** Delay before the first retry. @default 1 second */
   readonly initialDelay: Duration.Input
@@ -20,6 +21,7 @@ export interface RetryPolicy {
   readonly maxAttempts: number
 }
 
+/** The policy used for any field left out: 1 s doubling to 5 min, jittered, dead after 10 attempts. */
 export const defaultRetryPolicy: RetryPolicy = {
   initialDelay: "1 second",
   factor: 2,

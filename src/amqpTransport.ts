@@ -14,6 +14,7 @@ export * from "./transport/amqp/AmqpTransport.ts"
 
 /** `AmqpTransportConfig` with the URL as a string or a `Redacted`. */
 export interface AmqpTransportSettings extends Omit<AmqpTransportConfig, "url"> {
+  /** Broker URL, `amqp://user:pass@host:5672/vhost` (or `amqps://`); a `Redacted` keeps it out of logs. */
   readonly url: string | Redacted.Redacted<string>
 }
 

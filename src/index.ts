@@ -35,8 +35,11 @@ export {
   UnknownEventError,
   ValidationError,
 } from "./Errors.ts"
+/** The consumer side: handlers per contract, run exactly once per message in the inbox transaction. */
 export * as Inbox from "./Inbox.ts"
+/** txbox's counters, gauge and histograms as Effect metrics, and their Prometheus text. */
 export * as Metrics from "./Metrics.ts"
+/** The producer side: enqueue events in the caller's own transaction. */
 export * as Outbox from "./Outbox.ts"
 export { Database, type DatabaseShape, TxboxSchema } from "./ports/Database.ts"
 export {
@@ -45,7 +48,9 @@ export {
   InboxStore,
   type InboxStoreShape,
   type InboxTransaction,
+  type InboxTransactionOptions,
   type OrderedDeadPolicy,
+  type RouteBinding,
 } from "./ports/InboxStore.ts"
 export type { Claim, Verdict } from "./ports/lease.ts"
 export {
@@ -58,12 +63,27 @@ export type { TxboxStore } from "./ports/stores.ts"
 export {
   type Delivery,
   type DeliveryDecision,
+  type MessagingIdentity,
   type OutgoingMessage,
+  type PartitionPosition,
   type PublishOutcome,
   type SubscribeOptions,
   Transport,
   type TransportShape,
 } from "./ports/Transport.ts"
-export type { TxboxDatabase } from "./ports/tables.ts"
+export type {
+  InboxBindingsTable,
+  InboxConsumersTable,
+  InboxCursorsTable,
+  InboxStatus,
+  InboxTable,
+  MigrationsTable,
+  OutboxStatus,
+  OutboxTable,
+  PartitionCountersTable,
+  TxboxDatabase,
+} from "./ports/tables.ts"
+/** Publishes the outbox to the broker: claim → publish → mark, under a lease. */
 export * as Relay from "./Relay.ts"
+/** The backoff policy shared by per-message retries and outage retries. */
 export * as Retry from "./Retry.ts"

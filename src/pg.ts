@@ -4,6 +4,7 @@
  */
 
 export type { PgStoreConfig } from "./storage/drivers/pg/PgStore.ts"
+/** The PostgreSQL store on node-postgres: `PgStore.layer({ url })` provides `Database`, `OutboxStore` and `InboxStore`. */
 export * as PgStore from "./storage/drivers/pg/PgStore.ts"
 export { migrations } from "./storage/sql/migrations.generated.ts"
 export { checksum, type MigrateResult, type Migration, migrate, pending } from "./storage/sql/migrator.ts"

@@ -13,10 +13,13 @@ import { contractsByType } from "./compatibility.ts"
 import { type JsonSchemaObject as JsonSchema, type JsonSchemaConverter, jsonSchemaOf } from "./jsonSchema.ts"
 import type { AnyContract } from "./types.ts"
 
+/** Options of `asyncApiDocument`: the document's `info`, the broker as the transport sees it, and the consumers to list. */
 export interface AsyncApiOptions {
+  /** The document's `info.title`. @default "txbox contracts" */
   readonly title?: string
   /** The document's `info.version`: the version of your service's API, not txbox's. @default "1.0.0" */
   readonly version?: string
+  /** The document's `info.description`; left out when absent. */
   readonly description?: string
   /** The topic exchange, as in `AmqpTransport.layer`. @default "txbox.events" */
   readonly exchange?: string
@@ -26,6 +29,7 @@ export interface AsyncApiOptions {
   readonly server?: string
   /** Inbox consumers and the types each handles (all of the module's types when `types` is absent). */
   readonly consumers?: ReadonlyArray<{ readonly name: string; readonly types?: ReadonlyArray<string> }>
+  /** For schemas that carry no JSON Schema of their own (see `jsonSchemaOf`). */
   readonly toJsonSchema?: JsonSchemaConverter
 }
 

@@ -21,9 +21,13 @@ import { chainOf } from "./upcast.ts"
 
 export type { Finding } from "./schemaDiff.ts"
 
+/** The verdict on one pair of contract versions (or one version changed in place), with what breaks and what to do. */
 export interface CompatibilityReport {
+  /** The event type compared. */
   readonly type: string
+  /** The old contract's version. */
   readonly oldVersion: number
+  /** The new contract's version (equal to `oldVersion` for a change in place). */
   readonly newVersion: number
   /** Old producers' messages the new schema refuses, worded as changes from old to new. */
   readonly breaksOldProducers: ReadonlyArray<Finding>
@@ -31,18 +35,23 @@ export interface CompatibilityReport {
   readonly breaksOldConsumers: ReadonlyArray<Finding>
   /** The new version's upcast chain reaches the old version. */
   readonly upcast: boolean
+  /** Safe to deploy: nothing breaks old producers, or an upcast covers them; a change in place must break neither side. */
   readonly compatible: boolean
   /** What to do about it, one sentence each. */
   readonly notes: ReadonlyArray<string>
 }
 
+/** What `checkContracts` found for a whole module: a report per pair compared. */
 export interface CheckResult {
+  /** Every report is compatible. */
   readonly compatible: boolean
+  /** One per pair of versions compared. */
   readonly reports: ReadonlyArray<CompatibilityReport>
   /** Module-level remarks (a type the new module no longer defines). */
   readonly notes: ReadonlyArray<string>
 }
 
+/** Options of `checkCompatibility` and `checkContracts`. */
 export interface CheckOptions {
   /** For schemas that carry no JSON Schema of their own (see `jsonSchemaOf`). */
   readonly toJsonSchema?: JsonSchemaConverter

@@ -15,7 +15,9 @@ import type { JsonSchemaObject as JsonSchema } from "./jsonSchema.ts"
 
 /** One way a change refuses a value the other side accepted. `path` is `(payload)` or `field.sub[]`. */
 export interface Finding {
+  /** Where in the payload: `(payload)` for the root, else `field.sub[]`. */
   readonly path: string
+  /** The change, worded from old to new (e.g. `maxLength changed from none to 20`). */
   readonly change: string
 }
 

@@ -12,31 +12,44 @@ import { isTracing, parentFromTraceparent } from "./trace.ts"
 
 /** What a handler knows about the message besides its payload. */
 export interface Envelope {
+  /** The message id; also the dedupe key, unless the handler gives its own. */
   readonly id: string
   /** The inbox key: the message id, or the contract's business key. */
   readonly dedupeKey: string
+  /** The event type. */
   readonly type: string
+  /** The version of the handler's contract: the payload's, after any upcast. */
   readonly version: number
+  /** The string headers it arrived with: the producer's, and the transport's own. */
   readonly headers: Readonly<Record<string, string>>
+  /** The ordering key it was enqueued with, if any. */
   readonly partitionKey: string | undefined
   /** Its place in the partition key's sequence (1, 2, 3, … in commit order), when enqueued with a key. */
   readonly position: PartitionPosition | undefined
+  /** The tenant it was enqueued for, if any. */
   readonly tenantId: string | undefined
   /** 1 on the first try; grows with each retry. */
   readonly attempt: number
 }
 
+/** What a handler is given: the message, and the transaction its inbox row is written in. */
 export interface HandlerContext<A> {
+  /** The payload, validated and upcast to the handler's contract. */
   readonly payload: A
+  /** The message's id, type, headers, key and attempt. */
   readonly envelope: Envelope
   /** The transaction the inbox row is written in: write your effects with it. */
   // biome-ignore lint/suspicious/noExplicitAny: the service's own database type; annotate in the handler
   readonly trx: Transaction<any>
 }
 
+/** One registration, made with `Inbox.handler`: a contract and what to do with its messages. */
 export interface Handler {
+  /** The contract it handles; older versions of its type are upcast to it. */
   readonly contract: AnyContract
+  /** Handles one message in the inbox row's transaction; a failure rolls it back, to be retried or, out of tries, dead. */
   readonly handle: (context: HandlerContext<unknown>) => Effect.Effect<void, unknown>
+  /** The business key that replaces the message id as the dedupe key (scoped by type); undefined: the message id. */
   readonly dedupeKey: ((payload: unknown, envelope: Omit<Envelope, "dedupeKey">) => string) | undefined
 }
 

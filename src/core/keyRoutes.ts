@@ -17,7 +17,9 @@ export type KeyRoutes = Readonly<Record<string, readonly [number, number]>>
 
 /** A consumer's binding: a topic pattern, and when its queue was first bound to it (ms, the inbox database's clock). */
 export interface RouteBinding {
+  /** The topic pattern (a routing key with `*` and `#` wildcards) the consumer's queue is bound with. */
   readonly pattern: string
+  /** When the queue was first bound to it: ms since 1970, on the inbox database's clock. */
   readonly boundAtMs: number
 }
 

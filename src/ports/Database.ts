@@ -9,7 +9,9 @@ import { Context, type Effect, type Scope } from "effect"
 import type { Kysely } from "kysely"
 import type { StoreError } from "../Errors.ts"
 
+/** What the `Database` service holds: the Kysely instance on txbox's database, its schema, and LISTEN. */
 export interface DatabaseShape {
+  /** The Kysely instance txbox's statements run on; the store adapter owns its pool or connection. */
   // biome-ignore lint/suspicious/noExplicitAny: the caller's Kysely may describe their own tables too
   readonly db: Kysely<any>
   /** txbox's schema, validated as an identifier (the same value as `TxboxSchema`). */
@@ -30,10 +32,10 @@ export interface DatabaseShape {
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
-const DatabaseService: Context.ServiceClass<Database, "txbox/Database", DatabaseShape> = Context.Service<
-  Database,
-  DatabaseShape
->()("txbox/Database")
+// `@internal` sits on the name: deno doc reads a variable's tags there, not before `const`.
+const /** @internal */ DatabaseService: Context.ServiceClass<Database, "txbox/Database", DatabaseShape> =
+    Context.Service<Database, DatabaseShape>()("txbox/Database")
+/** The service of txbox's database connection: what store adapters and the migrator run on. */
 export class Database extends DatabaseService {}
 
 /**

@@ -12,18 +12,25 @@ import type { StoreError } from "../Errors.ts"
 import type { Claim, Verdict } from "./lease.ts"
 import type { PartitionPosition } from "./Transport.ts"
 
+export type { RouteBinding } from "../core/keyRoutes.ts"
+
 /** One inbox row: a delivery as received (and, once claimed, as the processor sees it). */
 export interface InboxRow {
   /** The dedupe key: the message id, or the handler's business key. */
   readonly key: string
+  /** The consumer (queue) the row belongs to: each consumer dedupes and orders on its own. */
   readonly consumer: string
+  /** The event type; null when the delivery carried none. */
   readonly type: string | null
+  /** The contract version; null when the delivery carried none. */
   readonly version: number | null
   /** JSON text of the payload; null when the body could not be decoded. */
   readonly payload: string | null
   /** The body as received, kept only when it could not be decoded, so nothing a producer sent is lost. */
   readonly raw: string | null
+  /** The delivery's application headers, as strings. */
   readonly headers: Readonly<Record<string, string>>
+  /** The producer's partition key; null for a message enqueued without one. */
   readonly partitionKey: string | null
   /**
    * Its place in the key's sequence. A row with both is ordered: it is
@@ -31,9 +38,11 @@ export interface InboxRow {
    * for the key is at `seq − 1`, or it is the first of a newer epoch).
    */
   readonly position?: PartitionPosition | null
+  /** The tenant the producer enqueued it for, if any. */
   readonly tenantId: string | null
   /** Tries made so far: 0 for a stored delivery nobody ran yet. */
   readonly attempts: number
+  /** Why the last try failed (or why the row is dead); null when no try has failed. */
   readonly lastError: string | null
   /**
    * Set on a stand-in, a row that only holds a place in its key's sequence
@@ -44,6 +53,7 @@ export interface InboxRow {
   readonly standsInFor?: string | null
 }
 
+/** How `InboxStoreShape.transaction` runs a handler's transaction. */
 export interface InboxTransactionOptions {
   /**
    * Bounds on the database server too every statement after the transaction's
@@ -101,10 +111,16 @@ export type OrderedDeadPolicy = "block" | "skip"
 
 /** A verdict for one claimed row (`Done` rows are marked inside their transaction instead). */
 export interface InboxMark {
+  /** The claimed row's dedupe key. */
   readonly key: string
+  /** `Retry` or `Dead`: what becomes of the row. */
   readonly verdict: Exclude<Verdict, { readonly _tag: "Done" }>
 }
 
+/**
+ * What the `InboxStore` service does: dedupe deliveries in the handler's
+ * transaction, store them for later, and claim, settle and order stored rows.
+ */
 export interface InboxStoreShape {
   /** Runs `use` in one database transaction: commit when it succeeds, roll back when it fails or is interrupted. */
   readonly transaction: <A, E, R>(
@@ -178,6 +194,11 @@ export interface InboxStoreShape {
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
-const InboxStoreService: Context.ServiceClass<InboxStore, "txbox/InboxStore", InboxStoreShape> =
-  Context.Service<InboxStore, InboxStoreShape>()("txbox/InboxStore")
+// `@internal` sits on the name: deno doc reads a variable's tags there, not before `const`.
+const /** @internal */ InboxStoreService: Context.ServiceClass<
+    InboxStore,
+    "txbox/InboxStore",
+    InboxStoreShape
+  > = Context.Service<InboxStore, InboxStoreShape>()("txbox/InboxStore")
+/** The inbox storage port: the service the inbox processor and consumers run on, provided by a store layer. */
 export class InboxStore extends InboxStoreService {}

@@ -13,18 +13,25 @@ import type { PartitionPosition } from "./Transport.ts"
 
 /** One claimed outbox message, ready to publish. */
 export interface OutboxMessage {
+  /** The message id (a UUID): the AMQP `messageId` and the consumers' dedupe key. */
   readonly id: string
+  /** The event type. */
   readonly type: string
+  /** The contract version the payload was written as. */
   readonly version: number
   /** The payload as JSON text, passed to the broker untouched (never parsed and re-serialised). */
   readonly payload: string
+  /** String headers from enqueue (`traceparent` among them). */
   readonly headers: Readonly<Record<string, string>>
   /** Null: route by type. */
   readonly routingKey: string | null
+  /** The ordering key it was enqueued with; null for an unordered message. */
   readonly partitionKey: string | null
   /** Its place in the partition key's sequence (enqueued with a key). */
   readonly position?: PartitionPosition | null
+  /** The tenant it was enqueued for, if any. */
   readonly tenantId: string | null
+  /** When it was enqueued (the database's clock): the CloudEvents `time`. */
   readonly occurredAt: Date
   /** Attempts recorded before this claim. */
   readonly attempts: number
@@ -32,10 +39,13 @@ export interface OutboxMessage {
 
 /** A verdict for one claimed message. */
 export interface OutboxMark {
+  /** The claimed message's id. */
   readonly id: string
+  /** What becomes of it: sent, retried later, or dead. */
   readonly verdict: Verdict
 }
 
+/** What the `OutboxStore` service does: claim due messages under a lease, settle them, and measure the backlog. */
 export interface OutboxStoreShape {
   /**
    * Claims up to `limit` due pending messages (oldest due first) and holds them
@@ -82,6 +92,11 @@ export interface OutboxStoreShape {
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
-const OutboxStoreService: Context.ServiceClass<OutboxStore, "txbox/OutboxStore", OutboxStoreShape> =
-  Context.Service<OutboxStore, OutboxStoreShape>()("txbox/OutboxStore")
+// `@internal` sits on the name: deno doc reads a variable's tags there, not before `const`.
+const /** @internal */ OutboxStoreService: Context.ServiceClass<
+    OutboxStore,
+    "txbox/OutboxStore",
+    OutboxStoreShape
+  > = Context.Service<OutboxStore, OutboxStoreShape>()("txbox/OutboxStore")
+/** The outbox storage port: the service the relay runs on, provided by a store layer. */
 export class OutboxStore extends OutboxStoreService {}

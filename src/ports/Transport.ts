@@ -1,6 +1,6 @@
 /**
  * The broker port. The relay publishes through it and the inbox consumes
- * through it; `txbox/amqp` (RabbitMQ) and `txbox/memory` (in-process) provide it.
+ * through it; `txbox/amqp` (RabbitMQ) and `txbox/testing` (in-process) provide it.
  * Nothing here names a driver.
  */
 import { Context, type Effect, type Scope } from "effect"
@@ -13,6 +13,7 @@ import type { TransportError } from "../Errors.ts"
 export interface PartitionPosition {
   /** When the key's counter was created (ms since 1970). A counter created anew starts a newer epoch at 1. */
   readonly epoch: number
+  /** Its number in the epoch: 1, 2, 3, … with no gap. */
   readonly seq: number
   /**
    * The number of this key's last message before this one that the consumer
@@ -31,18 +32,25 @@ export interface PartitionPosition {
 
 /** One message as the relay hands it to the broker. `body` is the JSON text of the payload. */
 export interface OutgoingMessage {
+  /** The message id: the AMQP `messageId`, and the consumers' dedupe key. */
   readonly id: string
+  /** The event type (the CloudEvents `type`). */
   readonly type: string
+  /** The contract version the body was written as. */
   readonly version: number
   /** Routing key on the topic exchange; the event type unless overridden at enqueue. */
   readonly routingKey: string
+  /** The payload as JSON text, sent as is. */
   readonly body: string
   /** String headers from enqueue (`traceparent` among them). */
   readonly headers: Readonly<Record<string, string>>
+  /** When it was enqueued: the CloudEvents `time`. */
   readonly occurredAt: Date
+  /** The ordering key it was enqueued with; null for an unordered message. */
   readonly partitionKey: string | null
   /** Set for a message enqueued with a partition key. */
   readonly position?: PartitionPosition | null
+  /** The tenant it was enqueued for, if any. */
   readonly tenantId: string | null
 }
 
@@ -71,14 +79,17 @@ export interface Delivery {
   readonly type: string | undefined
   /** Contract version from the `txbox-version` header. */
   readonly version: number | undefined
+  /** The body as text (JSON, for a txbox producer). */
   readonly body: string
   /** The body's bytes as received, when the transport has them: kept (base64) if the message ends dead and is not valid text. */
   readonly bodyBytes?: Uint8Array
   /** All application properties/headers as strings (non-strings are JSON-encoded). */
   readonly headers: Readonly<Record<string, string>>
+  /** The producer's partition key, when it sent one. */
   readonly partitionKey: string | undefined
   /** The message's place in its partition key's sequence, when the producer sent one. */
   readonly position?: PartitionPosition
+  /** The producer's tenant id, when it sent one. */
   readonly tenantId: string | undefined
   /** 1 on first delivery; grows each time the message comes back from a retry delay. */
   readonly attempt: number
@@ -102,6 +113,7 @@ export type DeliveryDecision =
   | { readonly _tag: "Ack" }
   | { readonly _tag: "Retry"; readonly delayMs: number; readonly spendsAttempt?: boolean }
 
+/** What `TransportShape.subscribe` consumes: the consumer's queue, the event types bound to it, and its prefetch. */
 export interface SubscribeOptions {
   /** Names the consumer's queue; one queue per consumer. */
   readonly consumer: string
@@ -122,6 +134,7 @@ export interface MessagingIdentity {
   readonly destination: string
 }
 
+/** What the `Transport` service does: publish the relay's batches with per-message outcomes, and consume a queue for the inbox. */
 export interface TransportShape {
   /**
    * Publishes a whole batch with every message in flight at once; one outcome
@@ -148,8 +161,8 @@ export interface TransportShape {
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.
-const TransportService: Context.ServiceClass<Transport, "txbox/Transport", TransportShape> = Context.Service<
-  Transport,
-  TransportShape
->()("txbox/Transport")
+// `@internal` sits on the name: deno doc reads a variable's tags there, not before `const`.
+const /** @internal */ TransportService: Context.ServiceClass<Transport, "txbox/Transport", TransportShape> =
+    Context.Service<Transport, TransportShape>()("txbox/Transport")
+/** The broker port: the service the relay publishes through and the inbox consumes through, provided by `txbox/amqp` or `txbox/memory`. */
 export class Transport extends TransportService {}

@@ -6,7 +6,9 @@
 
 /** Rows taken under one lease. Marks and releases name the token, so a claim that ran out can never settle rows another claim now holds. */
 export interface Claim<Row> {
+  /** The lease token: the rows are this claim's while it holds them. */
   readonly token: string
+  /** The rows taken; empty when nothing was due. */
   readonly rows: ReadonlyArray<Row>
 }
 

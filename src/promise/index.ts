@@ -6,7 +6,7 @@
  * ```ts
  * const txbox = createTxbox({
  *   database: PgStore.layer({ url }),         // from "txbox/pg" (or PostgresJsStore, PgliteStore, KyselyStore)
- *   transport: AmqpTransport.layer({ url }),  // from "txbox/amqp" (or MemoryTransport from "txbox/memory")
+ *   transport: AmqpTransport.layer({ url }),  // from "txbox/amqp" (or MemoryTransport from "txbox/testing")
  * })
  * await db.transaction().execute((trx) => txbox.enqueue(trx, OrderPlaced, { ... }))
  * const relay = txbox.relay(); await relay.start()
@@ -25,6 +25,19 @@ import type { TxboxStore } from "../ports/stores.ts"
 import type { Transport } from "../ports/Transport.ts"
 import * as Relay from "../Relay.ts"
 
+export type {
+  Envelope,
+  Handler,
+  HandlerContext,
+  InboxConfig,
+  InboxHealth,
+  InboxStats,
+} from "../Inbox.ts"
+export type { EnqueuedMessage, EnqueueOptions, EventInput, Executor } from "../Outbox.ts"
+export type { RelayConfig, RelayHealth, RelayStats } from "../Relay.ts"
+export type { RetryPolicy } from "../Retry.ts"
+
+/** What `createTxbox` runs on: the store and the transport, each as the Effect layer its driver gives. */
 export interface TxboxOptions {
   /** A store layer: `PgStore.layer({ url, schema? })` (or another driver's store) or `PgliteStore.layer()`. Its schema is the one enqueue, relay and inbox use. */
   readonly database: Layer.Layer<TxboxStore, unknown>
@@ -34,15 +47,23 @@ export interface TxboxOptions {
 
 /** A running part (relay or inbox): `start()` resolves once it is up, `stop()` once it has drained. */
 export interface Service<S, H> {
+  /** Starts it; resolves once it is up, a no-op when already running. Rejects on invalid options. */
   readonly start: () => Promise<void>
+  /** Stops it gracefully (in-flight work drains); a no-op when not running. */
   readonly stop: () => Promise<void>
+  /** Its counters since start; rejects when not started. */
   readonly stats: () => Promise<S>
+  /** Its health check (`ready` for a readiness probe); rejects when not started. */
   readonly health: () => Promise<H>
 }
 
+/** What an `on` handler is given: the decoded message and the inbox transaction. */
 export interface PromiseHandlerContext<A> {
+  /** The payload, validated (and upcast) to the handler's contract. */
   readonly payload: A
+  /** The message's id, dedupe key, headers, partition position, attempt… */
   readonly envelope: Inbox.Envelope
+  /** The transaction the inbox row is written in: write your effects with it, so they commit with the row. */
   // biome-ignore lint/suspicious/noExplicitAny: the service's own database type
   readonly trx: Transaction<any>
 }
@@ -82,12 +103,18 @@ export interface Txbox {
     trx: Outbox.Executor,
     events: ReadonlyArray<Outbox.EventInput>,
   ) => Promise<ReadonlyArray<Outbox.EnqueuedMessage>>
+  /** A relay over this store and transport, not yet started: it publishes the outbox. */
   readonly relay: (config?: Relay.RelayConfig) => Service<Relay.RelayStats, Relay.RelayHealth>
+  /** An inbox for one consumer, not yet started: it runs the handlers made with `on`. */
   readonly inbox: (config: Inbox.InboxConfig) => Service<Inbox.InboxStats, Inbox.InboxHealth>
   /** Stops every started relay and inbox (gracefully), then closes pools and connections. */
   readonly close: () => Promise<void>
 }
 
+/**
+ * Builds the Promise API over one store and one transport. Nothing connects
+ * until first used; `close()` releases it all.
+ */
 export const createTxbox = (options: TxboxOptions): Txbox => {
   // Two runtimes over one memo map: enqueue needs only the store (a producer
   // must not wait for the broker), relay and inbox need both; the store layer

@@ -168,7 +168,7 @@ describe("package.json and jsr.json", () => {
 
   test("export every public entry: one per driver and the driver-free ones", () => {
     expect([...subpaths].sort()).toEqual(
-      [".", "./pg", "./postgres-js", "./pglite", "./kysely", "./amqp", "./memory", "./promise"].sort(),
+      [".", "./pg", "./postgres-js", "./pglite", "./kysely", "./amqp", "./promise", "./testing"].sort(),
     )
   })
 
@@ -634,7 +634,7 @@ import { Effect, Layer } from "effect"
 import { sql } from "kysely"
 import * as v from "valibot"
 import { Database, defineEvent, Inbox, Outbox, Relay } from "txbox"
-import { MemoryTransport } from "txbox/memory"
+import { MemoryTransport } from "txbox/testing"
 import { migrate, PgliteStore } from "txbox/pglite"
 
 const Placed = defineEvent({ type: "pglite.placed", version: 1, schema: v.object({ n: v.number() }) })

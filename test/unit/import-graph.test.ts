@@ -18,7 +18,7 @@ const ENTRIES = new Set([
   "src/pg.ts",
   "src/amqp.ts",
   "src/amqpTransport.ts",
-  "src/memory.ts",
+  "src/testing.ts",
   "src/kysely.ts",
   "src/pglite.ts",
   "src/postgres-js.ts",

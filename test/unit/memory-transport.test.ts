@@ -59,6 +59,20 @@ describe("memory transport", () => {
     ])
   })
 
+  test("duplicateRate 1 delivers every message exactly twice: a copy is not copied again", async () => {
+    const broker = makeBroker({ duplicateRate: 1 })
+    broker.declare("c", ["t.a"])
+    await Effect.runPromise(broker.transport.publish([message("1"), message("2")]))
+    const seen = await consume(broker, "c", 4)
+    expect(seen.map((d) => `${d.messageId}:${d.redelivered}`).sort()).toEqual([
+      "1:false",
+      "1:true",
+      "2:false",
+      "2:true",
+    ])
+    expect(broker.stats().duplicatesInjected).toBe(2)
+  })
+
   test("publishFailureRate nacks, and `down` fails the whole publish as an outage", async () => {
     const broker = makeBroker({ publishFailureRate: 1, random: () => 0 })
     broker.declare("c", ["t.a"])

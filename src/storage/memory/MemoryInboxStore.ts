@@ -47,13 +47,19 @@ import { applyFailure, makeWakeups } from "./failureAndWakeups.ts"
 
 /** One inbox row as a test sees it; times are epoch ms of the `Clock`. */
 export interface MemoryInboxRow extends InboxRow {
+  /** `pending` while stored for the processor, then `processed` (the dedupe record) or `dead`. */
   readonly status: "pending" | "processed" | "dead"
+  /** When a pending row is due: a retry's backoff moves it on, and so does a claim, by its lease. */
   readonly visibleAt: number
+  /** The claim holding the row: a mark applies only while it still matches. */
   readonly lockToken: string | null
+  /** When it was stored. */
   readonly receivedAt: number
+  /** When it was marked processed, in its handler's transaction; null until processed. */
   readonly processedAt: number | null
 }
 
+/** What `make` gives: the store, plus the controls a test inspects and breaks it with. */
 export interface MemoryInbox {
   /** The port itself. */
   readonly store: InboxStoreShape
@@ -86,7 +92,8 @@ const rowKey = (consumer: string, key: string): string => JSON.stringify([consum
 
 const snapshot = ({ seq: _seq, ...row }: Row): MemoryInboxRow => ({ ...row, headers: { ...row.headers } })
 
-const toInboxRow = (row: Row): InboxRow => ({
+/** The port's fields of a row (a copy, headers included): what a claim hands out and an insert stores. */
+const toInboxRow = (row: InboxRow): InboxRow => ({
   key: row.key,
   consumer: row.consumer,
   type: row.type,
@@ -134,6 +141,7 @@ const noSqlTransaction: AnyTransaction = new Proxy(Object.freeze({}), {
   },
 }) as unknown as AnyTransaction
 
+/** A fresh, empty inbox store: its handle, the store plus test controls. */
 export const make = (): Effect.Effect<MemoryInbox> =>
   Effect.sync(() => {
     const table = new Map<string, Row>()
@@ -176,19 +184,7 @@ export const make = (): Effect.Effect<MemoryInbox> =>
 
     const newRow = (row: InboxRow, now: number, status: Row["status"]): Row => ({
       seq: seq++,
-      key: row.key,
-      consumer: row.consumer,
-      type: row.type,
-      version: row.version,
-      payload: row.payload,
-      raw: row.raw,
-      headers: { ...row.headers },
-      partitionKey: row.partitionKey,
-      position: row.position ?? null,
-      tenantId: row.tenantId,
-      attempts: row.attempts,
-      lastError: row.lastError,
-      standsInFor: row.standsInFor ?? null,
+      ...toInboxRow(row),
       status,
       visibleAt: now,
       lockToken: null,

@@ -27,21 +27,23 @@ import { applyFailure, makeWakeups } from "./failureAndWakeups.ts"
 
 /** A message to seed, as a producer's committed transaction would have written it. */
 export interface MemoryOutboxInsert {
+  /** The message id: unique in the table, and the consumers' dedupe key. */
   readonly id: string
+  /** The event type. */
   readonly type: string
-  /** @default 1 */
+  /** The contract version the payload was written as. @default 1 */
   readonly version?: number
   /** JSON text. @default "{}" */
   readonly payload?: string
-  /** @default {} */
+  /** String headers carried to the consumer. @default {} */
   readonly headers?: Readonly<Record<string, string>>
-  /** @default null */
+  /** Routing key on the topic exchange; null: the type. @default null */
   readonly routingKey?: string | null
-  /** @default null */
+  /** The ordering key; null for an unordered message. @default null */
   readonly partitionKey?: string | null
-  /** @default null */
+  /** Its place in the partition key's sequence; null without a key. @default null */
   readonly position?: PartitionPosition | null
-  /** @default null */
+  /** The tenant it was enqueued for, if any. @default null */
   readonly tenantId?: string | null
   /** When it comes due, in epoch ms of the `Clock`. @default now */
   readonly visibleAt?: number
@@ -49,15 +51,23 @@ export interface MemoryOutboxInsert {
 
 /** One outbox row as a test sees it; times are epoch ms of the `Clock`. */
 export interface MemoryOutboxRow extends Omit<OutboxMessage, "occurredAt"> {
+  /** When it was enqueued. */
   readonly occurredAt: number
+  /** `pending` until the broker confirms it (`sent`) or the relay gives up on it (`dead`). */
   readonly status: "pending" | "sent" | "dead"
+  /** Publish attempts spent (an outage spends none). */
   readonly attempts: number
+  /** When it is due: a delay or a retry's backoff moves it on, and so does a claim, by its lease. */
   readonly visibleAt: number
+  /** The claim holding the row: a mark applies only while it still matches. */
   readonly lockToken: string | null
+  /** Why the last attempt failed, or why it is dead. */
   readonly lastError: string | null
+  /** When the broker confirmed it; null until sent. */
   readonly publishedAt: number | null
 }
 
+/** What `make` gives: the store, plus the controls a test seeds, inspects and breaks it with. */
 export interface MemoryOutbox {
   /** The port itself. */
   readonly store: OutboxStoreShape
@@ -95,6 +105,7 @@ const toMessage = (row: Row): OutboxMessage => ({
 // Due order as the claim's index gives it; insertion order breaks ties so runs are reproducible.
 const byDue = (a: Row, b: Row): number => a.visibleAt - b.visibleAt || a.seq - b.seq
 
+/** A fresh, empty outbox store: its handle, the store plus test controls. */
 export const make = (): Effect.Effect<MemoryOutbox> =>
   Effect.sync(() => {
     // A Map keeps insertion order, which `rows()` reports.

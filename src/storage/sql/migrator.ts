@@ -18,14 +18,21 @@ import { type ConfigError, StoreError } from "../../Errors.ts"
 import { migrations as embedded } from "./migrations.generated.ts"
 import { splitStatements } from "./splitStatements.ts"
 
+/** One schema migration: a file of migrations/*.sql, as `migrations` embeds it. */
 export interface Migration {
+  /** Its number, the file's 4-digit prefix: migrations apply in this order, each once. */
   readonly version: number
+  /** The file name after the prefix, without `.sql`. */
   readonly name: string
+  /** The SQL, run with `search_path` set to the schema; its checksum is recorded with the version. */
   readonly sql: string
 }
 
+/** What `migrate` did. */
 export interface MigrateResult {
+  /** The schema migrated. */
   readonly schema: string
+  /** The migrations applied now, in order; empty when the schema was up to date. */
   readonly applied: ReadonlyArray<{ readonly version: number; readonly name: string }>
 }
 

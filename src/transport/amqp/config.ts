@@ -16,6 +16,7 @@ export interface ReconnectPolicy {
   readonly maxDelay?: Duration.Input
 }
 
+/** The settings of `AmqpTransport.layer`: the broker URL, and how the transport publishes, consumes and reconnects (each with its default). */
 export interface AmqpTransportConfig {
   /**
    * Broker URL, `amqp://user:pass@host:5672/vhost` (or `amqps://`). It is never

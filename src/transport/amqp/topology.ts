@@ -126,10 +126,13 @@ export interface ConsumerTopology {
   readonly exchange: string
   /** `txbox.<consumer>`. */
   readonly queue: string
+  /** The consumer queue's `x-queue-type`. */
   readonly queueType: "quorum" | "classic"
+  /** The consumer queue's arguments: its delivery limit (quorum only) and its dead-letter target. */
   readonly queueArguments: Readonly<Record<string, unknown>>
   /** `txbox.<consumer>.dead`, the consumer queue's dead-letter target. */
   readonly deadQueue: string
+  /** The dead queue's arguments (quorum: an explicit, high delivery limit). */
   readonly deadQueueArguments: Readonly<Record<string, unknown>>
   /** Routing keys bound from the exchange to the queue: the event types. */
   readonly bindings: ReadonlyArray<string>

@@ -19,8 +19,12 @@ import {
   type TransportShape,
 } from "../../ports/Transport.ts"
 
+/** The broker's fault switches, all off by default: set them at `makeBroker`, change them with `setFaults`. */
 export interface MemoryFaults {
-  /** Probability that a delivery is delivered a second time. @default 0 */
+  /**
+   * Probability that a delivery is delivered a second time. The copy is never copied again, so
+   * 1 delivers every message exactly twice. @default 0
+   */
   readonly duplicateRate?: number
   /** Probability that an ack is lost, so the message is redelivered after it was processed. @default 0 */
   readonly lostAckRate?: number
@@ -36,25 +40,35 @@ export interface MemoryFaults {
   readonly shuffle?: boolean
 }
 
+/** Options of `makeBroker` and `layer`: the initial faults, and the randomness they draw on. */
 export interface MemoryTransportOptions extends MemoryFaults {
   /** Source of randomness for the fault switches; seed it for reproducible runs. @default Math.random */
   readonly random?: () => number
 }
 
+/** What the broker did since it was made: counts, for a test's assertions. */
 export interface MemoryStats {
+  /** Messages confirmed and routed to at least one queue (once each, however many queues). */
   readonly published: number
+  /** Deliveries handed to a consumer, redeliveries and duplicates included. */
   readonly delivered: number
+  /** Deliveries repeated by `duplicateRate`. */
   readonly duplicatesInjected: number
+  /** Acks dropped by `lostAckRate`, each a redelivery. */
   readonly acksLost: number
+  /** Publishes nacked by `publishFailureRate`. */
   readonly publishFailuresInjected: number
 }
 
+/** What `makeBroker` gives: the `Transport` port, plus the controls a test steers and reads it with. */
 export interface MemoryBroker {
+  /** The port itself. */
   readonly transport: TransportShape
   /** Changes the fault switches while running. */
   readonly setFaults: (faults: MemoryFaults) => void
   /** Declares a consumer's queue and bindings ahead of `subscribe`, so early publishes are kept. */
   readonly declare: (consumer: string, types: ReadonlyArray<string>) => void
+  /** A snapshot of the counts so far. */
   readonly stats: () => MemoryStats
   /** Messages waiting in a consumer's queue. */
   readonly depth: (consumer: string) => number
@@ -64,6 +78,8 @@ interface Entry {
   readonly message: OutgoingMessage
   readonly attempt: number
   readonly redelivered: boolean
+  /** A copy `duplicateRate` made: not copied again, or a rate of 1 would deliver forever. */
+  readonly duplicate?: boolean
 }
 
 interface MemoryQueue {
@@ -97,6 +113,7 @@ const toDelivery = (entry: Entry): Delivery => {
   }
 }
 
+/** A fresh broker with no queues: its handle, the transport plus test controls. */
 export const makeBroker = (options: MemoryTransportOptions = {}): MemoryBroker => {
   const random = options.random ?? Math.random
   let faults: MemoryFaults = { ...options }
@@ -190,9 +207,9 @@ export const makeBroker = (options: MemoryTransportOptions = {}): MemoryBroker =
           yield* Effect.uninterruptible(
             Effect.gen(function* () {
               stats.delivered++
-              if (chance(faults.duplicateRate)) {
+              if (entry.duplicate !== true && chance(faults.duplicateRate)) {
                 stats.duplicatesInjected++
-                push(queue, { ...entry, redelivered: true })
+                push(queue, { ...entry, redelivered: true, duplicate: true })
               }
               yield* settle(queue, entry, yield* handle(toDelivery(entry)), scope)
             }),

@@ -17,6 +17,7 @@ import { InboxStore, type InboxStoreShape } from "../../../ports/InboxStore.ts"
 import type { TxboxStore } from "../../../ports/stores.ts"
 import { sqlStores } from "../shared/sqlStores.ts"
 
+/** The settings of `KyselyStore.layer`: the app's Kysely, the schema, and LISTEN if the app can provide it. */
 export interface KyselyStoreConfig {
   /** The app's Kysely on PostgreSQL (or PGlite). Left open when the layer closes. */
   // biome-ignore lint/suspicious/noExplicitAny: the app's Kysely describes its own tables

@@ -47,6 +47,7 @@ import { classifyDbError } from "../../sql/errors.ts"
 import { sqlStores } from "../shared/sqlStores.ts"
 import { PgliteDialect, sessionLock } from "./dialect.ts"
 
+/** The settings of `PgliteStore.layer`: where PGlite keeps its data (or the app's own instance), the schema, and LISTEN. */
 export interface PgliteStoreConfig {
   /**
    * Where PGlite keeps its files: a directory (Node, Bun, Deno), `idb://name`

@@ -25,6 +25,7 @@ import { PostgresDialectBase, PostgresSessionDriver } from "../shared/postgresDi
 
 /** The part of a PGlite instance (or `PGliteWorker`) the driver uses. */
 export interface PgliteClient {
+  /** Runs one statement with its parameters on the session. */
   query<R>(
     query: string,
     params?: unknown[],
@@ -39,6 +40,7 @@ export interface PgliteClient {
   }>
 }
 
+/** What `PgliteDialect` runs on. */
 export interface PgliteDialectConfig {
   /** The PGlite instance, or a function that opens it when Kysely first needs it. */
   readonly pglite: PgliteClient | (() => Promise<PgliteClient>)
@@ -52,6 +54,7 @@ export class Mutex {
   #locked = false
   readonly #waiters: Array<() => void> = []
 
+  /** Resolves once the caller holds the lock; pair it with `unlock`. */
   lock(): Promise<void> {
     if (!this.#locked) {
       this.#locked = true
@@ -169,11 +172,13 @@ class PgliteDriver extends PostgresSessionDriver {
 export class PgliteDialect extends PostgresDialectBase {
   readonly #config: PgliteDialectConfig
 
+  /** A dialect over `config.pglite`; a function there is called when Kysely first needs the session. */
   constructor(config: PgliteDialectConfig) {
     super()
     this.#config = config
   }
 
+  /** Kysely's hook: a driver that hands the one PGlite session to one user at a time (`sessionLock`). */
   createDriver(): Driver {
     return new PgliteDriver(this.#config)
   }

@@ -11,22 +11,28 @@ import { PostgresDialectBase, PostgresSessionDriver } from "../shared/postgresDi
 
 /** A reserved postgres.js connection, as far as the driver uses it. */
 export interface PostgresJsReserved {
+  /** Runs one statement with its parameters; `cursor` streams its rows in chunks. */
   unsafe(
     query: string,
     parameters?: ReadonlyArray<unknown>,
   ): PromiseLike<ArrayLike<unknown> & { readonly command?: string; readonly count?: number }> & {
     cursor?: (rows: number) => AsyncIterable<ReadonlyArray<unknown>>
   }
+  /** Hands the connection back to the pool. */
   release(): void
 }
 
 /** A postgres.js pool (`postgres(url)`), as far as the driver uses it. */
 export interface PostgresJsPool {
+  /** Takes a connection for one Kysely connection's lifetime (a transaction's statements all run on it). */
   reserve(): Promise<PostgresJsReserved>
+  /** Closes the pool: called when the Kysely is destroyed. */
   end(): Promise<void>
 }
 
+/** What `PostgresJsDialect` runs on. */
 export interface PostgresJsDialectConfig {
+  /** The postgres.js pool (`postgres(url)`); the dialect ends it when the Kysely is destroyed. */
   readonly postgres: PostgresJsPool
 }
 
@@ -89,11 +95,13 @@ class PostgresJsDriver extends PostgresSessionDriver {
 export class PostgresJsDialect extends PostgresDialectBase {
   readonly #config: PostgresJsDialectConfig
 
+  /** A dialect over `config.postgres`; no connection is taken before the first query. */
   constructor(config: PostgresJsDialectConfig) {
     super()
     this.#config = config
   }
 
+  /** Kysely's hook: a driver that runs each Kysely connection on a reserved postgres.js connection. */
   createDriver(): Driver {
     return new PostgresJsDriver(this.#config)
   }

@@ -74,7 +74,10 @@ export abstract class PostgresSessionDriver implements Driver {
   }
 }
 
-/** A dialect with Kysely's PostgreSQL compiler, adapter and introspector around the driver it creates. */
+/**
+ * A dialect with Kysely's PostgreSQL compiler, adapter and introspector around the driver it creates.
+ * @internal The shared base of `PostgresJsDialect` and `PgliteDialect`; not exported by any entry.
+ */
 export abstract class PostgresDialectBase implements Dialect {
   abstract createDriver(): Driver
 
