@@ -18,7 +18,7 @@ const jsr = JSON.parse(readFileSync(join(root, "jsr.json"), "utf8")) as { export
 const entries = Object.values(jsr.exports)
 
 const deno = join(root, "node_modules", ".bin", "deno")
-const run = spawnSync(deno, ["doc", "--lint", ...entries], {
+const run = spawnSync(deno, ["doc", "--lint", "--no-lock", ...entries], {
   cwd: root,
   env: { ...process.env, NO_COLOR: "1" },
   encoding: "utf8",
