@@ -74,6 +74,21 @@ describe("a driver that is not installed", () => {
     const bad = await layerFailure(PostgresJsStore.layer({ url: "mysql://db/app" }))
     expect(bad.message).toContain("database URL must start with postgres://")
   })
+
+  test("a listenUrl is checked like the url, and its secret never shows", async () => {
+    for (const store of [PgStore, PostgresJsStore]) {
+      const error = await layerFailure(
+        store.layer({ url: "postgres://db/app", listenUrl: "http://u:secret@db/app" }),
+      )
+      expect(error).toBeInstanceOf(ConfigError)
+      expect(error.message).toBe("listenUrl must start with postgres:// (got http://)")
+      const garbled = await layerFailure(
+        store.layer({ url: "postgres://db/app", listenUrl: "postgres://u:secret@db:x/a" }),
+      )
+      expect(garbled.message).toStartWith("listenUrl is not a valid URL")
+      expect(garbled.message).not.toContain("secret")
+    }
+  })
 })
 
 describe("layerConfig", () => {

@@ -10,7 +10,7 @@ import { defaultExport, loadDriver } from "../../../drivers.ts"
 import type { ConfigError, StoreError } from "../../../Errors.ts"
 import type { DatabaseShape } from "../../../ports/Database.ts"
 import { classifyDbError } from "../../sql/errors.ts"
-import { PING_PAYLOAD } from "../shared/listenWatchdog.ts"
+import { isOwnPayload, listenSelfTest } from "../shared/listenSelfTest.ts"
 import { relisten, relistenForever, type ValidConnection } from "../shared/postgresConnection.ts"
 
 /**
@@ -74,16 +74,24 @@ export const open = (
     const listen = (channel: string, onNotify: () => void): Effect.Effect<void, StoreError, Scope.Scope> =>
       Effect.gen(function* () {
         let current: pg.Client | undefined
+        // The self-test NOTIFYs through the pool, the path producers' commits take.
+        const { heard, check } = yield* listenSelfTest(channel, (payload) =>
+          Effect.tryPromise({
+            try: () => pool.query("SELECT pg_notify($1, $2)", [channel, payload]),
+            catch: (cause) => classifyDbError("listen", cause),
+          }),
+        )
         const connect = Effect.tryPromise({
           try: async (signal) => {
             const client = new driver.Client({
-              connectionString: v.url,
+              connectionString: v.listenUrl,
               connectionTimeoutMillis: v.timeout * 1000,
               application_name: "txbox/pg-listen",
             })
             client.on("error", () => {})
             client.on("notification", (message) => {
-              if (message.payload !== PING_PAYLOAD) onNotify()
+              if (isOwnPayload(message.payload)) heard(message.payload ?? "")
+              else onNotify()
             })
             try {
               await client.connect()
@@ -120,6 +128,7 @@ export const open = (
               // A NOTIFY sent while no LISTEN was up is lost: look once now that one is (before
               // the LISTEN, a NOTIFY could still slip between the look and the LISTEN).
               onNotify()
+              yield* Effect.forkChild(check)
             }
           })
         const first = yield* connect.pipe(Effect.retry({ schedule: relisten, times: 5 }))
@@ -128,6 +137,7 @@ export const open = (
             await current?.end().catch(() => undefined)
           }),
         )
+        yield* Effect.forkScoped(check)
         yield* Effect.forkScoped(serve(first))
       })
     return {

@@ -47,6 +47,9 @@ export const open = (
           max: v.poolSize,
           connect_timeout: v.timeout,
           max_lifetime: null,
+          // Unnamed statements: a transaction pooler (PgBouncer 1.18 in transaction mode) knows no
+          // named prepared statement from one transaction to the next.
+          prepare: false,
           onnotice: () => {},
           onclose,
           // Names the driver in pg_stat_activity, so an operator can tell which fault behaviour applies.
@@ -63,6 +66,21 @@ export const open = (
       ),
       (db) => Effect.promise(() => db.destroy().catch(() => undefined)),
     )
+    // With a listenUrl, LISTEN has a connection of its own there (direct, past a transaction pooler).
+    const listener =
+      v.listenUrl === v.url
+        ? undefined
+        : yield* Effect.acquireRelease(
+            Effect.sync(() =>
+              driver(v.listenUrl, {
+                max: 1,
+                connect_timeout: v.timeout,
+                onnotice: () => {},
+                connection: { application_name: "txbox/postgres.js-listen" },
+              }),
+            ),
+            (sql) => Effect.promise(() => sql.end({ timeout: 1 }).catch(() => undefined)),
+          )
     // postgres.js gives up on a LISTEN whose re-issue after a reconnect fails (the server still
     // down), without a word: the watchdog notices and subscribes again.
     const listen = (channel: string, onNotify: () => void): Effect.Effect<void, StoreError, Scope.Scope> =>
@@ -71,7 +89,7 @@ export const open = (
           Effect.tryPromise({
             // postgres.js calls `onlisten` after each LISTEN it issues, its own re-issues included:
             // a NOTIFY sent while none was up is lost, so the loop looks once then.
-            try: () => client.current().listen(channel, onPayload, onNotify),
+            try: () => (listener ?? client.current()).listen(channel, onPayload, onNotify),
             catch: (cause) => classifyDbError("listen", cause),
           }).pipe(Effect.retry({ schedule: relisten, times: 5 })),
         ping: Effect.tryPromise({

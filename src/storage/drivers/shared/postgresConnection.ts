@@ -21,6 +21,13 @@ export interface PostgresConnectionConfig {
   readonly poolSize?: number
   /** Open a LISTEN connection for low-latency wake-ups. Polling stays correct without it. @default true */
   readonly listen?: boolean
+  /**
+   * A direct connection (not through a transaction pooler such as PgBouncer in `pool_mode =
+   * transaction`) for the one LISTEN connection of the process. Through a transaction pooler a
+   * NOTIFY reaches whichever client holds the server connection that ran LISTEN, or nobody, so
+   * wake-ups would be lost to the poll by chance. A string or a `Redacted`. @default `url`
+   */
+  readonly listenUrl?: string | Redacted.Redacted<string>
   /** Seconds to wait for a connection. @default 10 */
   readonly connectTimeoutSeconds?: number
 }
@@ -28,6 +35,8 @@ export interface PostgresConnectionConfig {
 /** Validated settings, the URL in clear for the driver. */
 export interface ValidConnection {
   readonly url: string
+  /** Where the LISTEN connection goes: `listenUrl`, else `url`. */
+  readonly listenUrl: string
   readonly schema: string
   readonly poolSize: number
   readonly timeout: number
@@ -41,23 +50,28 @@ export const validateConnection = (config: PostgresConnectionConfig): ValidConne
   if (!Number.isInteger(poolSize) || poolSize < 1) {
     throw new ConfigError({ reason: `poolSize must be a positive integer, got ${poolSize}` })
   }
-  const text = urlText(config.url)
-  let url: URL
-  try {
-    url = new URL(text)
-  } catch {
-    throw new ConfigError({ reason: `database URL is not a valid URL: ${redactUrls(String(text))}` })
-  }
-  if (url.protocol !== "postgres:" && url.protocol !== "postgresql:") {
-    throw new ConfigError({ reason: `database URL must start with postgres:// (got ${url.protocol}//)` })
-  }
+  const text = validUrl("database URL", urlText(config.url))
   return {
     url: text,
+    listenUrl: config.listenUrl === undefined ? text : validUrl("listenUrl", urlText(config.listenUrl)),
     schema,
     poolSize,
     timeout: config.connectTimeoutSeconds ?? 10,
     listen: config.listen !== false,
   }
+}
+
+const validUrl = (what: string, text: string): string => {
+  let url: URL
+  try {
+    url = new URL(text)
+  } catch {
+    throw new ConfigError({ reason: `${what} is not a valid URL: ${redactUrls(String(text))}` })
+  }
+  if (url.protocol !== "postgres:" && url.protocol !== "postgresql:") {
+    throw new ConfigError({ reason: `${what} must start with postgres:// (got ${url.protocol}//)` })
+  }
+  return text
 }
 
 // Retry a lost LISTEN connection gently: it only costs latency.

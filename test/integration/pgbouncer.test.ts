@@ -1,0 +1,179 @@
+// Through PgBouncer 1.18 in `pool_mode = transaction` with a pool smaller than the clients: what
+// most production PostgreSQL sits behind. Producers, the relay and both inbox modes run through it,
+// with each driver; counts come from the tables. LISTEN through a transaction pooler hears NOTIFY
+// by chance: the store's self-test says so, and a `listenUrl` (a direct connection) fixes it.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test"
+import { Effect, Layer, Logger, ManagedRuntime } from "effect"
+import { Kysely, PostgresDialect, sql } from "kysely"
+import pg from "pg"
+import * as v from "valibot"
+import { defineEvent } from "../../src/Contract.ts"
+import * as Inbox from "../../src/Inbox.ts"
+import * as Outbox from "../../src/Outbox.ts"
+import * as Relay from "../../src/Relay.ts"
+import { SELF_TEST_WITHIN_MS } from "../../src/storage/drivers/shared/listenSelfTest.ts"
+import { migrate } from "../../src/storage/sql/migrator.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { amqpUrl, uniqueName } from "../support/db.ts"
+import { type LocalPgBouncer, startPgBouncer } from "../support/pgbouncer.ts"
+import {
+  type Driver,
+  eventually,
+  type MigratedDatabase,
+  migratedDatabase,
+  storeOf,
+} from "../support/txbox.ts"
+
+const Note = defineEvent({ type: "pgb.note", version: 1, schema: v.object({ n: v.number() }) })
+
+let t: MigratedDatabase
+let bouncer: LocalPgBouncer
+beforeAll(async () => {
+  t = await migratedDatabase("pgbouncer")
+  bouncer = await startPgBouncer(t.url, { poolSize: 3 })
+})
+afterAll(async () => {
+  await bouncer?.stop()
+  await t?.close()
+})
+
+const logged: string[] = []
+const recordLogs = Logger.layer([Logger.make(({ message }) => logged.push(String(message)))])
+const deafWarnings = () => logged.filter((line) => line.includes("heard no NOTIFY"))
+
+/** A store through PgBouncer, LISTEN through `listenUrl` when given. */
+const store = (driver: Driver, listenUrl: string | undefined) =>
+  Layer.orDie(
+    storeOf(driver).layer({
+      url: bouncer.url,
+      poolSize: 4,
+      ...(listenUrl === undefined ? {} : { listenUrl }),
+    }),
+  )
+
+const recordingHandler = (consumer: string) =>
+  Inbox.handler(Note, ({ envelope, trx }) =>
+    Effect.promise(() =>
+      sql`INSERT INTO effects (consumer, message_id) VALUES (${consumer}, ${envelope.id})`.execute(trx),
+    ),
+  )
+
+/** Four producer loops through PgBouncer, `count` messages in all, each in its own transaction. */
+const produce = async (count: number) => {
+  const db = new Kysely<unknown>({
+    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: bouncer.url, max: 4 }) }),
+  })
+  try {
+    let next = 0
+    const loop = async () => {
+      while (next < count) {
+        const n = next++
+        await db.transaction().execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Note, { n })))
+      }
+    }
+    await Promise.all([loop(), loop(), loop(), loop()])
+  } finally {
+    await db.destroy()
+  }
+}
+
+const effectsOf = async (consumer: string) => {
+  const rows = await sql<{ message_id: string; n: string }>`
+    SELECT message_id, count(*) AS n FROM effects WHERE consumer = ${consumer} GROUP BY message_id`.execute(
+    t.db,
+  )
+  return rows.rows.map((row) => Number(row.n))
+}
+
+/** A relay and one consumer per inbox mode, each its own runtime (its own pool) through PgBouncer. */
+const runPipeline = async (driver: Driver, listenUrl: string | undefined, count: number, holdMs = 300) => {
+  const exchange = uniqueName(`pgb-${driver}`)
+  const consumers = { idempotent: uniqueName("pgb-idem"), "store-then-process": uniqueName("pgb-stp") }
+  const transport = Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))
+  const runtimes = [
+    ...Object.entries(consumers).map(([mode, consumer]) =>
+      ManagedRuntime.make(
+        Inbox.layer({
+          consumer,
+          mode: mode as "idempotent" | "store-then-process",
+          handlers: [recordingHandler(consumer)],
+          pollInterval: "1 second",
+        }).pipe(
+          Layer.provide(Layer.mergeAll(store(driver, listenUrl), transport)),
+          Layer.provide(recordLogs),
+        ),
+      ),
+    ),
+    ManagedRuntime.make(
+      Relay.layer({ pollInterval: "1 second" }).pipe(
+        Layer.provide(Layer.mergeAll(store(driver, listenUrl), transport)),
+        Layer.provide(recordLogs),
+      ),
+    ),
+  ]
+  for (const runtime of runtimes) await runtime.runPromise(Effect.void)
+  try {
+    await produce(count)
+    for (const consumer of Object.values(consumers)) {
+      await eventually(
+        `${count} effects of ${consumer}`,
+        async () => (await effectsOf(consumer)).length === count,
+        60_000,
+      )
+    }
+    await Bun.sleep(holdMs) // room for a late duplicate to (wrongly) apply, and for the LISTEN self-tests
+    for (const consumer of Object.values(consumers)) {
+      const effects = await effectsOf(consumer)
+      expect(effects.length).toBe(count)
+      expect(effects.every((n) => n === 1)).toBe(true)
+      const dead = await sql<{ n: string }>`
+        SELECT count(*) AS n FROM txbox.inbox WHERE consumer = ${consumer} AND status = 'dead'`.execute(t.db)
+      expect(Number(dead.rows[0]?.n)).toBe(0)
+    }
+    const outbox = await sql<{ status: string; n: string }>`
+      SELECT status, count(*) AS n FROM txbox.outbox GROUP BY status`.execute(t.db)
+    expect(outbox.rows.filter((row) => row.status !== "sent")).toEqual([])
+  } finally {
+    for (const runtime of runtimes) await runtime.dispose()
+    await sql`DELETE FROM txbox.outbox`.execute(t.db)
+  }
+}
+
+describe("through PgBouncer in transaction mode (pool of 3, 16 clients)", () => {
+  test("migrations run through it (their lock is transaction-scoped)", async () => {
+    const db = new Kysely<unknown>({
+      dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: bouncer.url, max: 2 }) }),
+    })
+    try {
+      await Effect.runPromise(migrate(db, { schema: "txbox_via_pgbouncer" }))
+      const tables = await sql<{ n: string }>`
+        SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'txbox_via_pgbouncer'`.execute(
+        db,
+      )
+      expect(Number(tables.rows[0]?.n)).toBeGreaterThanOrEqual(5)
+    } finally {
+      await db.destroy()
+    }
+  })
+
+  for (const driver of ["pg", "postgres.js"] as const satisfies ReadonlyArray<Driver>) {
+    test(`${driver}: producers, relay and both inbox modes, LISTEN on a direct listenUrl: every message applied once, none dead`, async () => {
+      logged.length = 0
+      await runPipeline(driver, t.url, 200, SELF_TEST_WITHIN_MS + 1_000)
+      expect(deafWarnings()).toEqual([])
+      // No statement failed on its way (a loop logs each failure it backs off from).
+      expect(logged.filter((line) => /prepared statement|failed/i.test(line))).toEqual([])
+    }, 120_000)
+  }
+
+  test("pg without listenUrl: LISTEN through the pooler is found deaf and said once per channel; polling still delivers everything", async () => {
+    logged.length = 0
+    await runPipeline("pg", undefined, 100, SELF_TEST_WITHIN_MS + 1_000)
+    const warnings = deafWarnings()
+    // A LISTEN through the pooler is idle, linked to no server connection, so it hears nothing:
+    // said once per LISTEN (the relay's and each consumer's), not again on every reconnect.
+    expect(warnings.length).toBeGreaterThanOrEqual(1)
+    expect(warnings.length).toBeLessThanOrEqual(3)
+    expect(warnings[0]).toContain("listenUrl")
+  }, 120_000)
+})
