@@ -1,13 +1,15 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import { Effect, Exit, Layer, ManagedRuntime } from "effect"
-import { Kysely, PostgresDialect, sql } from "kysely"
+import { CompiledQuery, Kysely, PostgresDialect, sql } from "kysely"
 import pg from "pg"
 import postgres from "postgres"
 import * as v from "valibot"
 import { defineEvent } from "../../src/Contract.ts"
 import * as Outbox from "../../src/Outbox.ts"
+import { OutboxStore } from "../../src/ports/OutboxStore.ts"
 import * as Relay from "../../src/Relay.ts"
 import * as KyselyStore from "../../src/storage/drivers/kysely/KyselyStore.ts"
+import { statements } from "../../src/storage/sql/SqlOutboxStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { collect } from "../support/amqp.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
@@ -188,6 +190,67 @@ describe("enqueue", () => {
 })
 
 describe("relay", () => {
+  test("a claim's heartbeat (extend) and release read its rows on the primary key, not the pending backlog", async () => {
+    await sql`DELETE FROM txbox.outbox`.execute(t.db)
+    await sql`INSERT INTO txbox.outbox (id, type, version, payload, headers)
+      SELECT gen_random_uuid(), 't', 1, '{}', '{}' FROM generate_series(1, 20000)`.execute(t.db)
+    await sql`ANALYZE txbox.outbox`.execute(t.db)
+    try {
+      const q = statements(t.db.withSchema("txbox"))
+      const ids = JSON.stringify(
+        (await sql<{ id: string }>`SELECT id FROM txbox.outbox LIMIT 10`.execute(t.db)).rows.map((r) => r.id),
+      )
+      const token = crypto.randomUUID()
+      const plan = async (compiled: { sql: string; parameters: ReadonlyArray<unknown> }) =>
+        (await t.db.executeQuery(CompiledQuery.raw(`EXPLAIN ${compiled.sql}`, [...compiled.parameters]))).rows
+          .map((row) => (row as Record<string, string>)["QUERY PLAN"])
+          .join("\n")
+      for (const compiled of [q.extend({ token, leaseMs: 1000, ids }), q.release({ token, ids })]) {
+        const text = await plan(compiled)
+        expect(text).toContain("outbox_pkey")
+        expect(text).not.toContain("Seq Scan on outbox")
+      }
+    } finally {
+      await sql`DELETE FROM txbox.outbox`.execute(t.db)
+    }
+  })
+
+  test("a claim given up on before its answer (a timeout) hands the rows it took straight back", async () => {
+    await sql`DELETE FROM txbox.outbox`.execute(t.db)
+    const ids = await enqueueOrders(3)
+    // Another session holds a lock the claim's UPDATE waits for: the claim is sent, and answers late.
+    const blocker = new pg.Client({ connectionString: t.url })
+    await blocker.connect()
+    await blocker.query("BEGIN; LOCK TABLE txbox.outbox IN SHARE ROW EXCLUSIVE MODE")
+    const runtime = ManagedRuntime.make(storeLayer(t.url))
+    try {
+      const exit = await runtime.runPromiseExit(
+        Effect.gen(function* () {
+          const store = yield* OutboxStore
+          return yield* store.claim(10, 30_000).pipe(Effect.timeout(300))
+        }),
+      )
+      expect(Exit.isFailure(exit)).toBe(true)
+      await blocker.query("COMMIT")
+      const held = async () =>
+        (
+          await sql<{ held: number }>`
+            SELECT count(*)::int AS held FROM txbox.outbox
+            WHERE id = ANY(${ids}::uuid[]) AND (lock_token IS NOT NULL OR visible_at > now())`.execute(t.db)
+        ).rows[0]?.held
+      // The late claim took the rows (they were held a moment) and gave them back.
+      await eventually("the late claim's rows released", async () => (await held()) === 0, 5_000)
+      const claimed = await sql<{ n: number }>`
+        SELECT count(*)::int AS n FROM txbox.outbox WHERE id = ANY(${ids}::uuid[]) AND status = 'pending'`.execute(
+        t.db,
+      )
+      expect(claimed.rows[0]?.n).toBe(3)
+    } finally {
+      await blocker.end()
+      await runtime.dispose()
+    }
+  })
+
   test("a delayed message is published at or after its due time, not before", () =>
     withRelay("relay-delay", {}, async (seen) => {
       const committedAt = Date.now()

@@ -101,7 +101,19 @@ describe("SQL stores", () => {
         SqlOutboxStore.claimQuery(db, { limit: 7, token, leaseMs: 9 }),
       ],
       [() => outbox.mark({ token, verdicts }), SqlOutboxStore.markQuery(db, { token, verdicts })],
-      [() => outbox.release({ token }), SqlOutboxStore.releaseQuery(db, { token })],
+      [
+        () => outbox.release({ token, ids: '["a"]' }),
+        SqlOutboxStore.releaseQuery(db, { token, ids: '["a"]' }),
+      ],
+      [() => outbox.releaseByToken({ token }), SqlOutboxStore.releaseQuery(db, { token, ids: null })],
+      [
+        () => outbox.extend({ token, leaseMs: 9, ids: '["a"]' }),
+        SqlOutboxStore.extendQuery(db, { token, leaseMs: 9, ids: '["a"]' }),
+      ],
+      [
+        () => outbox.extendByToken({ token, leaseMs: 9 }),
+        SqlOutboxStore.extendQuery(db, { token, leaseMs: 9, ids: null }),
+      ],
       [() => outbox.lag(), SqlOutboxStore.lagQuery(db)],
       [() => inbox.insertProcessed(processed), SqlInboxStore.insertProcessedQuery(db, processed)],
       [() => inbox.insertPending({ rows }), SqlInboxStore.insertRowsQuery(db, "pending", { rows })],

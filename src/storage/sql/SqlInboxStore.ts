@@ -32,7 +32,7 @@ import {
 } from "../../ports/InboxStore.ts"
 import type { Claim } from "../../ports/lease.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
-import { tryStore } from "./errors.ts"
+import { tryStore, tryStoreUndoable } from "./errors.ts"
 import {
   affected,
   now,
@@ -1002,21 +1002,17 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
   ) {
     const token = uuidv7()
     const statement = q.claim[onDead][chains ? "chains" : "heads"]
-    const rows = yield* tryStore("InboxStore.claim", (signal) => {
-      const claimed = db.executeQuery(statement({ consumer, limit, token, leaseMs })).then((r) => r.rows)
+    const rows = yield* tryStoreUndoable(
+      "InboxStore.claim",
+      () => db.executeQuery(statement({ consumer, limit, token, leaseMs })).then((r) => r.rows),
       // Given up on (interrupted, e.g. timed out), the statement may still run
       // later: hand whatever it claims straight back rather than leave it to the lease.
-      signal.addEventListener(
-        "abort",
-        () => {
-          claimed
-            .then((rows) => (rows.length > 0 ? db.executeQuery(q.release({ consumer, token })) : undefined))
-            .catch(() => undefined)
-        },
-        { once: true },
-      )
-      return claimed
-    })
+      (claimed) => {
+        claimed
+          .then((rows) => (rows.length > 0 ? db.executeQuery(q.release({ consumer, token })) : undefined))
+          .catch(() => undefined)
+      },
+    )
     // A chained row whose predecessor SKIP LOCKED passed (another claim holds it) must not run
     // before it: hand it back now.
     const { ordered, unchained } = chainOrder(

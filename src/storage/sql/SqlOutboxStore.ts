@@ -28,7 +28,7 @@ import {
   type OutboxStoreShape,
 } from "../../ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
-import { tryStore } from "./errors.ts"
+import { tryStore, tryStoreUndoable } from "./errors.ts"
 import { affected, now, nowPlusMs, pending, verdictsJson } from "./fragments.ts"
 import * as opsSql from "./operations.ts"
 import { prepare } from "./prepared.ts"
@@ -172,14 +172,27 @@ export const markAllSentQuery = (
     .where("lock_token", "=", token)
     .compile()
 
+/**
+ * The rows of `ids` (a JSON array of the claim's ids): found on the primary key. By the token alone
+ * no index helps (`lock_token` has none), and every heartbeat would read the whole pending backlog.
+ * `null`: the store no longer knows the claim's ids, so by the token alone.
+ */
+const claimedRows = (ids: string | null) =>
+  ids === null
+    ? sql<boolean>`true`
+    : // An array, not IN (subquery): the planner, sure `lock_token = …` matches one row, would scan
+      // the table and join; `id = ANY(array)` is an index condition on the primary key.
+      sql<boolean>`id = ANY (ARRAY(SELECT value::uuid FROM json_array_elements_text(${ids}::text::json)))`
+
 /** Hands every row `token` holds back, due now. */
 export const releaseQuery = (
   db: Kysely<TxboxDatabase>,
-  { token }: { readonly token: string },
+  { token, ids }: { readonly token: string; readonly ids: string | null },
 ): CompiledQuery =>
   db
     .updateTable("outbox")
     .set({ lock_token: sql.lit(null), visible_at: now })
+    .where(claimedRows(ids))
     .where("lock_token", "=", token)
     .where("status", "=", pending)
     .compile()
@@ -187,11 +200,12 @@ export const releaseQuery = (
 /** Pushes the lease of every row `token` still holds out to now + `leaseMs`. */
 export const extendQuery = (
   db: Kysely<TxboxDatabase>,
-  { token, leaseMs }: { readonly token: string; readonly leaseMs: number },
+  { token, leaseMs, ids }: { readonly token: string; readonly leaseMs: number; readonly ids: string | null },
 ): CompiledQuery =>
   db
     .updateTable("outbox")
     .set({ visible_at: nowPlusMs(leaseMs) })
+    .where(claimedRows(ids))
     .where("lock_token", "=", token)
     .where("status", "=", pending)
     .compile()
@@ -227,8 +241,15 @@ export interface OutboxStatements {
   readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimedRow>
   readonly mark: (params: Parameters<typeof markQuery>[1]) => CompiledQuery
   readonly markAllSent: (params: Parameters<typeof markAllSentQuery>[1]) => CompiledQuery
-  readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
-  readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
+  readonly release: (params: { readonly token: string; readonly ids: string }) => CompiledQuery
+  readonly extend: (params: {
+    readonly token: string
+    readonly leaseMs: number
+    readonly ids: string
+  }) => CompiledQuery
+  /** By the token alone: for a claim whose ids the store no longer knows. */
+  readonly releaseByToken: (params: { readonly token: string }) => CompiledQuery
+  readonly extendByToken: (params: { readonly token: string; readonly leaseMs: number }) => CompiledQuery
   readonly lag: () => CompiledQuery<{ lag: number | string | null }>
   readonly nextDue: () => CompiledQuery<{ due: number | string | null }>
 }
@@ -241,8 +262,19 @@ export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
     claim: prepare(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2 }),
     mark: prepare(db, markQuery, { token: "\0token", verdicts: "\0verdicts" }),
     markAllSent: prepare(db, markAllSentQuery, { token: "\0token", leaseUntil: "\0leaseUntil" }),
-    release: prepare(db, releaseQuery, { token: "\0token" }),
-    extend: prepare(db, extendQuery, { token: "\0token", leaseMs: -1 }),
+    release: prepare(db, releaseQuery, { token: "\0token", ids: "\0ids" }),
+    extend: prepare(db, extendQuery, { token: "\0token", leaseMs: -1, ids: "\0ids" }),
+    releaseByToken: prepare(db, (db, p: { token: string }) => releaseQuery(db, { ...p, ids: null }), {
+      token: "\0token",
+    }),
+    extendByToken: prepare(
+      db,
+      (db, p: { token: string; leaseMs: number }) => extendQuery(db, { ...p, ids: null }),
+      {
+        token: "\0token",
+        leaseMs: -1,
+      },
+    ),
     lag: () => ({ ...lag, queryId: createQueryId() }),
     nextDue: () => ({ ...nextDue, queryId: createQueryId() }),
   }
@@ -274,33 +306,32 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
   const db = (database.db as Kysely<TxboxDatabase>).withSchema(database.schema)
   const q = statements(db)
 
-  // Per claim in flight: the lease it stamped and how many rows it took, for `markAllSent`.
-  const leases = new Map<string, { readonly until: string; readonly rows: number }>()
-  const release = (token: string): Promise<number> => {
+  // Per claim in flight: its rows' ids (JSON), for extend and release by primary key, and the lease
+  // it stamped, for `markAllSent` (undefined once extended: the rows have another visible_at).
+  const leases = new Map<string, { until: string | undefined; readonly rows: number; readonly ids: string }>()
+  const idsOf = (rows: ReadonlyArray<{ readonly id: string }>) => JSON.stringify(rows.map((row) => row.id))
+  const release = (token: string, ids = leases.get(token)?.ids): Promise<number> => {
     leases.delete(token)
-    return db.executeQuery(q.release({ token })).then(affected)
+    const statement = ids === undefined ? q.releaseByToken({ token }) : q.release({ token, ids })
+    return db.executeQuery(statement).then(affected)
   }
 
   const claim = Effect.fnUntraced(function* (limit: number, leaseMs: number) {
     const token = uuidv7()
-    const rows = yield* tryStore("OutboxStore.claim", (signal) => {
-      const claimed = db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => r.rows)
+    const rows = yield* tryStoreUndoable(
+      "OutboxStore.claim",
+      () => db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => r.rows),
       // Given up on (interrupted, e.g. timed out), the statement may still run
       // later: hand whatever it claims straight back rather than leave it to the lease.
-      signal.addEventListener(
-        "abort",
-        () => {
-          claimed.then((rows) => (rows.length > 0 ? release(token) : 0)).catch(() => 0)
-        },
-        { once: true },
-      )
-      return claimed
-    })
+      (claimed) => {
+        claimed.then((rows) => (rows.length > 0 ? release(token, idsOf(rows)) : 0)).catch(() => 0)
+      },
+    )
     const first = rows[0]
     if (first !== undefined) {
       // Claims that never reach a mark (a failed cycle) must not pile up: the per-row mark needs none.
       if (leases.size >= MAX_LEASES) leases.clear()
-      leases.set(token, { until: first.lease_until, rows: rows.length })
+      leases.set(token, { until: first.lease_until, rows: rows.length, ids: idsOf(rows) })
     }
     return { token, rows: rows.map(toMessage) } satisfies Claim<OutboxMessage>
   })
@@ -311,10 +342,13 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     if (marks.length === 0) return Effect.succeed(0)
     const perRow = () => db.executeQuery(q.mark({ token, verdicts: markVerdicts(marks) })).then(affected)
     const allSent =
-      lease !== undefined && marks.length === lease.rows && marks.every((m) => m.verdict._tag === "Done")
+      lease?.until !== undefined &&
+      marks.length === lease.rows &&
+      marks.every((m) => m.verdict._tag === "Done")
+    const leaseUntil = lease?.until
     return tryStore("OutboxStore.mark", async () => {
-      if (!allSent) return perRow()
-      const sent = await db.executeQuery(q.markAllSent({ token, leaseUntil: lease.until })).then(affected)
+      if (!allSent || leaseUntil === undefined) return perRow()
+      const sent = await db.executeQuery(q.markAllSent({ token, leaseUntil })).then(affected)
       // Fewer: some rows' lease was extended (another visible_at) or taken over; the per-row mark
       // settles what is still ours and pending, and skips the rows just marked.
       return sent === marks.length ? sent : sent + (await perRow())
@@ -353,9 +387,11 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     release: (token) => tryStore("OutboxStore.release", () => release(token)),
     extend: (token, leaseMs) =>
       tryStore("OutboxStore.extend", () => {
+        const lease = leases.get(token)
+        if (lease === undefined) return db.executeQuery(q.extendByToken({ token, leaseMs })).then(affected)
         // The rows get another visible_at: the claim's no longer finds them.
-        leases.delete(token)
-        return db.executeQuery(q.extend({ token, leaseMs })).then(affected)
+        lease.until = undefined
+        return db.executeQuery(q.extend({ token, leaseMs, ids: lease.ids })).then(affected)
       }),
     lagSeconds,
     nextDueMs,

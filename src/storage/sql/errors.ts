@@ -70,3 +70,22 @@ export const tryStore = <A>(
     try: f,
     catch: (cause) => (cause instanceof StoreError ? cause : classifyDbError(operation, cause)),
   })
+
+/**
+ * `tryStore` for a statement that must be undone if it completes after it was given up on
+ * (interrupted, e.g. timed out): `undo` gets its promise then. A callback with an interruption
+ * handler, so no AbortController and listener per statement.
+ */
+export const tryStoreUndoable = <A>(
+  operation: string,
+  run: () => Promise<A>,
+  undo: (pending: Promise<A>) => void,
+): Effect.Effect<A, StoreError> =>
+  Effect.callback<A, StoreError>((resume) => {
+    const pending = run()
+    pending.then(
+      (value) => resume(Effect.succeed(value)),
+      (cause) => resume(Effect.fail(cause instanceof StoreError ? cause : classifyDbError(operation, cause))),
+    )
+    return Effect.sync(() => undo(pending))
+  })

@@ -1,5 +1,5 @@
 import { Effect, Exit } from "effect"
-import { type Kysely, sql, type Transaction } from "kysely"
+import { type ControlledTransaction, type Kysely, sql, type Transaction } from "kysely"
 import { StoreError } from "../../Errors.ts"
 import { classifyDbError } from "./errors.ts"
 
@@ -41,19 +41,18 @@ export const withTransaction = <A, E, R>(
     // dead connection (postgres.js after a restart, seen in the soak); a BEGIN that completes
     // after it was given up on is rolled back at once.
     Effect.interruptible(
-      Effect.tryPromise({
-        try: (signal) => {
-          const begun = db.startTransaction().execute()
-          signal.addEventListener(
-            "abort",
-            () => {
-              begun.then((trx) => trx.rollback().execute()).catch(() => undefined)
-            },
-            { once: true },
-          )
-          return begun
-        },
-        catch: (cause) => classifyDbError("begin", cause),
+      // A callback with an interruption handler, not tryPromise with a signal: no AbortController
+      // and listener per transaction (one per message at low load).
+      // biome-ignore lint/suspicious/noExplicitAny: any database the caller describes
+      Effect.callback<ControlledTransaction<any>, StoreError>((resume) => {
+        const begun = db.startTransaction().execute()
+        begun.then(
+          (trx) => resume(Effect.succeed(trx)),
+          (cause) => resume(Effect.fail(classifyDbError("begin", cause))),
+        )
+        return Effect.sync(() => {
+          begun.then((trx) => trx.rollback().execute()).catch(() => undefined)
+        })
       }),
     ),
     (trx) =>
