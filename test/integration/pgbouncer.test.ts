@@ -176,4 +176,14 @@ describe("through PgBouncer in transaction mode (pool of 3, 16 clients)", () => 
     expect(warnings.length).toBeLessThanOrEqual(3)
     expect(warnings[0]).toContain("listenUrl")
   }, 120_000)
+
+  test("postgres.js without listenUrl: its watchdog finds LISTEN through the pooler deaf and says so once per LISTEN; polling still delivers everything", async () => {
+    logged.length = 0
+    // The watchdog pings every 5 s and waits 5 s: deaf is said after two unheard pings.
+    await runPipeline("postgres.js", undefined, 100, 25_000)
+    const warnings = deafWarnings()
+    expect(warnings.length).toBeGreaterThanOrEqual(1)
+    expect(warnings.length).toBeLessThanOrEqual(3)
+    expect(warnings[0]).toContain("listenUrl")
+  }, 120_000)
 })

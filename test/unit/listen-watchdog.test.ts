@@ -1,7 +1,7 @@
 // The LISTEN watchdog over a fake server, on a TestClock: the logic only. The real listener
 // connection is exercised in test/integration/store-faults.test.ts.
 import { describe, expect, test } from "bun:test"
-import { Effect, Exit, Scope } from "effect"
+import { Effect, Exit, Logger, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import { StoreError } from "../../src/Errors.ts"
 import { PING_PAYLOAD, watchedListen } from "../../src/storage/drivers/shared/listenWatchdog.ts"
@@ -12,7 +12,8 @@ const run = <A, E>(body: Effect.Effect<A, E, Scope.Scope>) =>
 /** A NOTIFY server whose subscriptions can die without a word, as postgres.js lets them. */
 const fakeServer = () => {
   const live = new Set<(payload: string) => void>()
-  const state = { up: true, subscribed: 0, unlistened: 0, wakes: 0 }
+  // deaf: subscriptions succeed but hear nothing (LISTEN through a transaction pooler).
+  const state = { up: true, deaf: false, subscribed: 0, unlistened: 0, wakes: 0 }
   const send = (payload: string) => {
     for (const deliver of live) deliver(payload)
   }
@@ -20,7 +21,7 @@ const fakeServer = () => {
     subscribe: (onPayload: (payload: string) => void) =>
       Effect.sync(() => {
         state.subscribed++
-        live.add(onPayload)
+        if (!state.deaf) live.add(onPayload)
         return {
           unlisten: async () => {
             state.unlistened++
@@ -39,6 +40,7 @@ const fakeServer = () => {
     resubscribe: <A>(effect: Effect.Effect<A, StoreError>) => Effect.orDie(effect),
     every: 5_000,
     within: 5_000,
+    channel: "txbox.outbox",
   }
   return { state, options, send, dropSilently: () => live.clear() }
 }
@@ -90,6 +92,32 @@ describe("LISTEN watchdog", () => {
         expect(server.state.subscribed).toBe(2)
       }),
     ))
+
+  test("a listener that hears nothing after it was subscribed again is said deaf once, and said to hear again when it does", () => {
+    const logged: string[] = []
+    return run(
+      Effect.gen(function* () {
+        const server = fakeServer()
+        server.state.deaf = true
+        yield* watchedListen(server.options)
+        yield* TestClock.adjust("10 seconds")
+        // One unheard ping: a listener that died, subscribed again without a word.
+        expect(server.state.subscribed).toBe(2)
+        expect(logged).toEqual([])
+        for (let i = 0; i < 6; i++) yield* TestClock.adjust("10 seconds")
+        expect(server.state.subscribed).toBeGreaterThan(3)
+        const deaf = logged.filter((line) => line.includes("heard no NOTIFY"))
+        expect(deaf).toHaveLength(1)
+        expect(deaf[0]).toContain('"txbox.outbox"')
+        expect(deaf[0]).toContain("listenUrl")
+        // Heard again: the listener subscribed while deaf is replaced by one that hears.
+        server.state.deaf = false
+        for (let i = 0; i < 3; i++) yield* TestClock.adjust("10 seconds")
+        expect(logged.filter((line) => line.includes("hears NOTIFY again"))).toHaveLength(1)
+        expect(logged.filter((line) => line.includes("heard no NOTIFY"))).toHaveLength(1)
+      }).pipe(Effect.provide(Logger.layer([Logger.make(({ message }) => logged.push(String(message)))]))),
+    )
+  })
 
   test("closing the scope unlistens and stops the checks", () =>
     Effect.runPromise(

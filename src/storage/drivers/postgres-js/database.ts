@@ -98,6 +98,7 @@ export const open = (
         }),
         onNotify,
         resubscribe: (subscribe) => subscribe.pipe(Effect.retry({ schedule: relistenForever }), Effect.orDie),
+        channel,
         every: LISTEN_PING_EVERY_MS,
         within: LISTEN_PING_WITHIN_MS,
       })

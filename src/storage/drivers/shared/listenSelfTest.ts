@@ -20,6 +20,16 @@ export const SELF_TEST_WITHIN_MS = 2_000
 /** A payload txbox sent itself (a liveness ping, a self-test), which wakes no loop. */
 export const isOwnPayload = (payload: string | undefined): boolean => payload?.startsWith(OWN_PREFIX) === true
 
+/** What is said, once, when a LISTEN is found to hear no NOTIFY. */
+export const deafWarning = (channel: string, withinMs: number): string =>
+  `txbox: LISTEN on ${JSON.stringify(channel)} heard no NOTIFY within ${withinMs} ms ` +
+  "(a transaction pooler such as PgBouncer between txbox and PostgreSQL?): wake-ups fall back " +
+  "to the poll interval; give the store a listenUrl that connects directly"
+
+/** What is said when a LISTEN found deaf hears again. */
+export const hearsAgain = (channel: string): string =>
+  `txbox: LISTEN on ${JSON.stringify(channel)} hears NOTIFY again`
+
 /** The self-test of one LISTEN channel. */
 export interface ListenSelfTest {
   /** Give it every own payload the LISTEN connection hears. */
@@ -61,7 +71,7 @@ export const listenSelfTest = (
           )
         } else if (answered && deaf) {
           deaf = false
-          yield* Effect.logInfo(`txbox: LISTEN on ${JSON.stringify(channel)} hears NOTIFY again`)
+          yield* Effect.logInfo(hearsAgain(channel))
         }
       })
     return { heard, check }

@@ -10,6 +10,7 @@
  */
 import { Effect, type Scope } from "effect"
 import type { StoreError } from "../../../Errors.ts"
+import { deafWarning, hearsAgain } from "./listenSelfTest.ts"
 
 /** The payload of a liveness ping: never a wake-up. Kept short; NOTIFY payloads share a queue. */
 export const PING_PAYLOAD = "txbox:ping"
@@ -28,6 +29,8 @@ export interface WatchdogOptions {
   readonly resubscribe: <A>(effect: Effect.Effect<A, StoreError>) => Effect.Effect<A>
   readonly every: number
   readonly within: number
+  /** The channel, for the log: a LISTEN that stays deaf after it was subscribed again is said once. */
+  readonly channel: string
 }
 
 /** Subscribes (failing as `subscribe` fails), then watches the subscription until the scope closes. */
@@ -42,6 +45,10 @@ export const watchedListen = (options: WatchdogOptions): Effect.Effect<void, Sto
     let current = yield* options.subscribe(onPayload)
     yield* Effect.addFinalizer(() => Effect.promise(() => current.unlisten().catch(() => undefined)))
 
+    // Pings unheard in a row: one is a listener that died (subscribe again, quietly); a second right
+    // after subscribing again is a LISTEN that cannot hear (a transaction pooler): said once.
+    let misses = 0
+    let warned = false
     const check = Effect.gen(function* () {
       const before = heard
       const sent = yield* options.ping.pipe(
@@ -51,7 +58,18 @@ export const watchedListen = (options: WatchdogOptions): Effect.Effect<void, Sto
       )
       if (!sent) return
       yield* Effect.sleep(options.within)
-      if (heard !== before) return
+      if (heard !== before) {
+        misses = 0
+        if (warned) {
+          warned = false
+          yield* Effect.logInfo(hearsAgain(options.channel))
+        }
+        return
+      }
+      if (++misses >= 2 && !warned) {
+        warned = true
+        yield* Effect.logWarning(deafWarning(options.channel, options.within))
+      }
       yield* Effect.promise(() => current.unlisten().catch(() => undefined))
       current = yield* options.resubscribe(options.subscribe(onPayload))
       // A wake-up may have been missed while the listener was gone: let the loop look once.
