@@ -7,11 +7,11 @@ import { Effect, type Scope } from "effect"
 import { Kysely, PostgresDialect } from "kysely"
 import type pg from "pg"
 import { defaultExport, loadDriver } from "../../../drivers.ts"
-import type { ConfigError, StoreError } from "../../../Errors.ts"
+import type { ConfigError } from "../../../Errors.ts"
 import type { DatabaseShape } from "../../../ports/Database.ts"
 import { classifyDbError } from "../../sql/errors.ts"
-import { isOwnPayload, listenSelfTest } from "../shared/listenSelfTest.ts"
-import { relisten, relistenForever, type ValidConnection } from "../shared/postgresConnection.ts"
+import type { ValidConnection } from "../shared/postgresConnection.ts"
+import { makeListener } from "./listener.ts"
 
 /**
  * Makes COMMIT of an aborted transaction fail instead of rolling back
@@ -68,78 +68,18 @@ export const open = (
       Effect.sync(() => new Kysely<unknown>({ dialect: new PostgresDialect({ pool }) })),
       (db) => Effect.promise(() => db.destroy().catch(() => undefined)),
     )
-    // One LISTEN client at a time, kept by one fiber: connect, wait for it to end, connect again.
-    // (Reconnecting from the client's own `end` event chained a new client per failed attempt,
-    // each of which could later connect and stay open.)
-    const listen = (channel: string, onNotify: () => void): Effect.Effect<void, StoreError, Scope.Scope> =>
-      Effect.gen(function* () {
-        let current: pg.Client | undefined
-        // The self-test NOTIFYs through the pool, the path producers' commits take.
-        const { heard, check } = yield* listenSelfTest(channel, (payload) =>
-          Effect.tryPromise({
-            try: () => pool.query("SELECT pg_notify($1, $2)", [channel, payload]),
-            catch: (cause) => classifyDbError("listen", cause),
-          }),
-        )
-        const connect = Effect.tryPromise({
-          try: async (signal) => {
-            const client = new driver.Client({
-              connectionString: v.listenUrl,
-              connectionTimeoutMillis: v.timeout * 1000,
-              application_name: "txbox/pg-listen",
-            })
-            client.on("error", () => {})
-            client.on("notification", (message) => {
-              if (isOwnPayload(message.payload)) heard(message.payload ?? "")
-              else onNotify()
-            })
-            try {
-              await client.connect()
-              await client.query(`LISTEN "${channel.replaceAll('"', '""')}"`)
-            } catch (error) {
-              await client.end().catch(() => undefined)
-              throw error
-            }
-            // Given up on while connecting (scope closed): never leave it open.
-            if (signal.aborted) {
-              await client.end().catch(() => undefined)
-              throw new Error("listen: abandoned")
-            }
-            current = client
-            return client
-          },
+    // One LISTEN connection for the store, whatever number of channels; its self-tests NOTIFY
+    // through the pool, the path producers' commits take.
+    const listen = yield* makeListener({
+      driver,
+      url: v.listenUrl,
+      timeoutSeconds: v.timeout,
+      notify: (channel, payload) =>
+        Effect.tryPromise({
+          try: () => pool.query("SELECT pg_notify($1, $2)", [channel, payload]),
           catch: (cause) => classifyDbError("listen", cause),
-        })
-        const ended = (client: pg.Client) =>
-          Effect.callback<void>((resume) => {
-            const done = () => resume(Effect.void)
-            client.once("end", done)
-            return Effect.sync(() => {
-              client.off("end", done)
-            })
-          })
-        const serve = (first: pg.Client): Effect.Effect<never> =>
-          Effect.gen(function* () {
-            let client = first
-            while (true) {
-              yield* ended(client)
-              current = undefined
-              client = yield* connect.pipe(Effect.retry({ schedule: relistenForever }), Effect.orDie)
-              // A NOTIFY sent while no LISTEN was up is lost: look once now that one is (before
-              // the LISTEN, a NOTIFY could still slip between the look and the LISTEN).
-              onNotify()
-              yield* Effect.forkChild(check)
-            }
-          })
-        const first = yield* connect.pipe(Effect.retry({ schedule: relisten, times: 5 }))
-        yield* Effect.addFinalizer(() =>
-          Effect.promise(async () => {
-            await current?.end().catch(() => undefined)
-          }),
-        )
-        yield* Effect.forkScoped(check)
-        yield* Effect.forkScoped(serve(first))
-      })
+        }),
+    })
     return {
       db,
       schema: v.schema,
