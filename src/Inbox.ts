@@ -306,7 +306,7 @@ export const make = (
     // so an idempotent consumer with no ordered traffic is never woken.
     const wake = makeSignal()
     yield* store
-      .wakeups(wake.notify)
+      .wakeups(c.consumer, wake.notify)
       .pipe(
         Effect.catch((e) =>
           Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),

@@ -49,5 +49,5 @@ export const TxboxSchema: Context.Reference<string> = Context.Reference<string>(
   defaultValue: () => "txbox",
 })
 
-/** NOTIFY channel names, in one place: the migrations' triggers send on these. */
-export const notifyChannel = (schema: string, table: "outbox" | "inbox"): string => `${schema}.${table}`
+/** The outbox's NOTIFY channel, as the migrations' trigger sends on it (the inbox's is per consumer: SqlInboxStore). */
+export const notifyChannel = (schema: string, table: "outbox"): string => `${schema}.${table}`

@@ -189,8 +189,11 @@ export interface InboxStoreShape {
     /** Recorded beside them for the operator's tools (`txbox status`). */
     onOrderedDead?: OrderedDeadPolicy,
   ) => Effect.Effect<ReadonlyArray<RouteBinding>, StoreError>
-  /** Calls `onWake` when pending rows may have arrived (store-then-process), until the scope closes. Latency only. */
-  readonly wakeups: (onWake: () => void) => Effect.Effect<void, StoreError, Scope.Scope>
+  /**
+   * Calls `onWake` when pending rows of `consumer` may have arrived (store-then-process), until the
+   * scope closes. Latency only: a store may wake more often than that, never less.
+   */
+  readonly wakeups: (consumer: string, onWake: () => void) => Effect.Effect<void, StoreError, Scope.Scope>
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.

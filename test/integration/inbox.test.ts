@@ -9,6 +9,7 @@ import postgres from "postgres"
 import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
+import { type InboxRow, InboxStore } from "../../src/ports/InboxStore.ts"
 import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { Note } from "../fixtures/contracts.ts"
@@ -687,3 +688,43 @@ for (const mode of ["idempotent", "store-then-process"] as const) {
     }
   })
 }
+
+describe("inbox wake-ups", () => {
+  test("a pending row wakes its own consumer's processors, not every consumer's (one channel per consumer)", async () => {
+    const runtime = ManagedRuntime.make(storeLayer(t.url))
+    const row = (consumer: string): InboxRow => ({
+      key: uuidv7(),
+      consumer,
+      type: Note.type,
+      version: 1,
+      payload: JSON.stringify({ note: "n" }),
+      raw: null,
+      headers: {},
+      partitionKey: null,
+      tenantId: null,
+      attempts: 0,
+      lastError: null,
+    })
+    const [mine, other] = [uniqueName("wake-mine"), uniqueName("wake-other")]
+    let wakes = 0
+    try {
+      await runtime.runPromise(
+        Effect.scoped(
+          Effect.gen(function* () {
+            const store = yield* InboxStore
+            yield* store.wakeups(mine, () => wakes++)
+            yield* store.insertPending([row(other), row(other)])
+            yield* Effect.sleep("500 millis")
+            expect(wakes).toBe(0)
+            yield* store.insertPending([row(mine)])
+            yield* Effect.promise(() =>
+              eventually("the consumer's own row wakes it", async () => wakes === 1, 5_000),
+            )
+          }),
+        ),
+      )
+    } finally {
+      await runtime.dispose()
+    }
+  })
+})

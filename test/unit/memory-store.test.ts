@@ -163,7 +163,7 @@ describe("MemoryInboxStore", () => {
       ["InboxStore.insertDead", InboxStore.use((s) => s.insertDead([inboxRow("m2")]))],
       ["InboxStore.claim", InboxStore.use((s) => s.claim("consumer-a", 10, 60_000))],
       ["InboxStore.mark", InboxStore.use((s) => s.mark("consumer-a", token, []))],
-      ["listen", Effect.scoped(InboxStore.use((s) => s.wakeups(() => {})))],
+      ["listen", Effect.scoped(InboxStore.use((s) => s.wakeups("consumer-a", () => {})))],
     ] as const
     for (const [operation, effect] of operations) {
       expectDown(
@@ -225,7 +225,7 @@ describe("MemoryInboxStore", () => {
       Effect.scoped(
         InboxStore.use((s) =>
           Effect.gen(function* () {
-            yield* s.wakeups(() => wakes++)
+            yield* s.wakeups("consumer-a", () => wakes++)
             yield* s.insertPending([inboxRow("m1")])
             yield* s.insertPending([inboxRow("m1")])
             yield* s.insertDead([inboxRow("m2")])

@@ -435,7 +435,9 @@ export const make = (): Effect.Effect<MemoryInbox> =>
         mark,
         bindings,
         sweep: () => Effect.succeed(0),
-        wakeups,
+        // Every consumer's listeners wake on any pending row: more often than SQL's per-consumer
+        // channel, which the port allows (latency only).
+        wakeups: (_consumer, onWake) => wakeups(onWake),
       },
       rows: (consumer?: string) =>
         [...table.values()].filter((r) => consumer === undefined || r.consumer === consumer).map(snapshot),

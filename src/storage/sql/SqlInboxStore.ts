@@ -20,7 +20,7 @@ import {
 } from "kysely"
 import { standInsFor } from "../../core/standIn.ts"
 import { uuidv7 } from "../../core/uuid.ts"
-import { Database, notifyChannel } from "../../ports/Database.ts"
+import { Database } from "../../ports/Database.ts"
 import {
   type InboxMark,
   type InboxRow,
@@ -626,6 +626,20 @@ export const releaseSomeQuery = (
     .compile()
 
 /**
+ * The NOTIFY channel of `consumer`'s pending rows, as migration 0011's trigger names it: computed by
+ * the database, whose md5 the trigger takes (no md5 in every runtime the store runs on).
+ */
+export const wakeupChannelQuery = (
+  db: Kysely<TxboxDatabase>,
+  { schema, consumer }: { readonly schema: string; readonly consumer: string },
+): CompiledQuery<{ channel: string }> =>
+  db
+    .selectNoFrom(
+      sql<string>`'txbox_inbox_' || left(md5(${schema}::text || '.' || ${consumer}::text), 24)`.as("channel"),
+    )
+    .compile()
+
+/**
  * Pushes the lease of every row of `consumer` that `token` still holds out to
  * now + `leaseMs`. SKIP LOCKED: a row whose handler's transaction holds it is
  * about to be settled anyway, and waiting for it would make the next
@@ -866,6 +880,9 @@ export interface InboxStatements {
   readonly unpark: (params: Parameters<typeof unparkQuery>[1]) => CompiledQuery
   readonly unparkPassingDead: (params: Parameters<typeof unparkQuery>[1]) => CompiledQuery
   readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
+  readonly wakeupChannel: (
+    params: Parameters<typeof wakeupChannelQuery>[1],
+  ) => CompiledQuery<{ channel: string }>
   readonly markProcessed: (
     params: Parameters<typeof markProcessedQuery>[1],
   ) => CompiledQuery<{ marked: string | number | bigint }>
@@ -913,6 +930,7 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     consumer: "\0consumer",
   }),
   extend: prepare(db, extendQuery, { consumer: "\0consumer", token: "\0token", leaseMs: -1 }),
+  wakeupChannel: prepare(db, wakeupChannelQuery, { schema: "\0schema", consumer: "\0consumer" }),
   markProcessed: prepare(db, markProcessedQuery, {
     consumer: "\0consumer",
     key: "\0key",
@@ -1089,7 +1107,15 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
             return rows.map((b) => ({ pattern: b.pattern, boundAtMs: Number(b.bound_at_ms) }))
         }
       }),
-    wakeups: (onWake) => database.listen(notifyChannel(database.schema, "inbox"), onWake),
+    // The trigger's channel (migration 0011), named by the database: its md5 is the one the trigger takes.
+    wakeups: (consumer, onWake) =>
+      Effect.flatMap(
+        tryStore("InboxStore.wakeups", async () => {
+          const result = await db.executeQuery(q.wakeupChannel({ schema: database.schema, consumer }))
+          return result.rows[0]!.channel
+        }),
+        (channel) => database.listen(channel, onWake),
+      ),
   } satisfies InboxStoreShape
 })
 
