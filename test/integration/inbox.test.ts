@@ -4,13 +4,14 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import amqp from "amqplib"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import type { StandardSchemaV1 } from "effect/StandardSchema"
-import { sql } from "kysely"
+import { CompiledQuery, sql } from "kysely"
 import postgres from "postgres"
 import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
 import { type InboxRow, InboxStore } from "../../src/ports/InboxStore.ts"
 import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
+import * as SqlInboxStore from "../../src/storage/sql/SqlInboxStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { Note } from "../fixtures/contracts.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
@@ -725,6 +726,41 @@ describe("inbox wake-ups", () => {
       )
     } finally {
       await runtime.dispose()
+    }
+  })
+})
+
+describe("inbox leases", () => {
+  test("a claim's heartbeat (extend) and the hand-back of some of its rows read them on the primary key, not the consumer's pending rows", async () => {
+    const consumer = uniqueName("lease-plan")
+    await sql`INSERT INTO txbox.inbox (message_id, consumer, type, version, payload, headers, status)
+      SELECT gen_random_uuid()::text, ${consumer}, 'note', 1, '{}', '{}', 'pending' FROM generate_series(1, 20000)`.execute(
+      t.db,
+    )
+    await sql`ANALYZE txbox.inbox`.execute(t.db)
+    try {
+      const q = SqlInboxStore.statements(t.db.withSchema("txbox"))
+      const keys = JSON.stringify(
+        (
+          await sql<{
+            k: string
+          }>`SELECT message_id AS k FROM txbox.inbox WHERE consumer = ${consumer} LIMIT 10`.execute(t.db)
+        ).rows.map((r) => r.k),
+      )
+      const token = crypto.randomUUID()
+      for (const compiled of [
+        q.extend({ consumer, token, leaseMs: 1000, keys }),
+        q.releaseSome({ consumer, token, keys }),
+      ]) {
+        const plan = (
+          await t.db.executeQuery(CompiledQuery.raw(`EXPLAIN ${compiled.sql}`, [...compiled.parameters]))
+        ).rows
+          .map((row) => (row as Record<string, string>)["QUERY PLAN"])
+          .join("\n")
+        expect(plan).toContain("inbox_pkey")
+      }
+    } finally {
+      await sql`DELETE FROM txbox.inbox WHERE consumer = ${consumer}`.execute(t.db)
     }
   })
 })

@@ -116,6 +116,14 @@ describe("SQL stores", () => {
       ],
       [() => outbox.lag(), SqlOutboxStore.lagQuery(db)],
       [() => inbox.insertProcessed(processed), SqlInboxStore.insertProcessedQuery(db, processed)],
+      [
+        () => inbox.extend({ consumer: "c", token, leaseMs: 9, keys: '["k"]' }),
+        SqlInboxStore.extendQuery(db, { consumer: "c", token, leaseMs: 9, keys: '["k"]' }),
+      ],
+      [
+        () => inbox.extendByToken({ consumer: "c", token, leaseMs: 9 }),
+        SqlInboxStore.extendQuery(db, { consumer: "c", token, leaseMs: 9, keys: null }),
+      ],
       [() => inbox.insertPending({ rows }), SqlInboxStore.insertRowsQuery(db, "pending", { rows })],
       [() => inbox.insertDead({ rows }), SqlInboxStore.insertRowsQuery(db, "dead", { rows })],
       [

@@ -601,6 +601,14 @@ export const unparkQuery = (
     .where(goesNow(passDead))
     .compile()
 
+/**
+ * The rows of `keys` (a JSON array of message ids): an index condition on the primary key. By the
+ * token alone no index helps (`lock_token` has none), and as `IN (subquery)` the planner, sure the
+ * token matches one row, scans the consumer's pending rows and joins.
+ */
+const claimedKeys = (keys: string) =>
+  sql<boolean>`message_id = ANY (ARRAY(SELECT jsonb_array_elements_text(${keys}::text::jsonb)))`
+
 /** The rows of `consumer` that `token` holds, handed back due now. */
 const handBack = (db: Kysely<TxboxDatabase>, consumer: string, token: string) =>
   db
@@ -620,10 +628,7 @@ export const releaseQuery = (
 export const releaseSomeQuery = (
   db: Kysely<TxboxDatabase>,
   { consumer, token, keys }: { readonly consumer: string; readonly token: string; readonly keys: string },
-): CompiledQuery =>
-  handBack(db, consumer, token)
-    .where(sql<boolean>`message_id IN (SELECT jsonb_array_elements_text(${keys}::text::jsonb))`)
-    .compile()
+): CompiledQuery => handBack(db, consumer, token).where(claimedKeys(keys)).compile()
 
 /**
  * The NOTIFY channel of `consumer`'s pending rows, as migration 0011's trigger names it: computed by
@@ -651,13 +656,20 @@ export const extendQuery = (
     consumer,
     token,
     leaseMs,
-  }: { readonly consumer: string; readonly token: string; readonly leaseMs: number },
+    keys,
+  }: {
+    readonly consumer: string
+    readonly token: string
+    readonly leaseMs: number
+    readonly keys: string | null
+  },
 ): CompiledQuery =>
   db
     .with("held", (qb) =>
       qb
         .selectFrom("inbox")
         .select("message_id")
+        .where(keys === null ? sql<boolean>`true` : claimedKeys(keys))
         .where("consumer", "=", consumer)
         .where("lock_token", "=", token)
         .where("status", "=", pending)
@@ -879,7 +891,18 @@ export interface InboxStatements {
   readonly parkPassingDead: (params: Parameters<typeof parkQuery>[1]) => CompiledQuery
   readonly unpark: (params: Parameters<typeof unparkQuery>[1]) => CompiledQuery
   readonly unparkPassingDead: (params: Parameters<typeof unparkQuery>[1]) => CompiledQuery
-  readonly extend: (params: Parameters<typeof extendQuery>[1]) => CompiledQuery
+  readonly extend: (params: {
+    readonly consumer: string
+    readonly token: string
+    readonly leaseMs: number
+    readonly keys: string
+  }) => CompiledQuery
+  /** By the token alone: for a claim whose keys the store no longer knows. */
+  readonly extendByToken: (params: {
+    readonly consumer: string
+    readonly token: string
+    readonly leaseMs: number
+  }) => CompiledQuery
   readonly wakeupChannel: (
     params: Parameters<typeof wakeupChannelQuery>[1],
   ) => CompiledQuery<{ channel: string }>
@@ -929,7 +952,13 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
   unparkPassingDead: prepare(db, (db, p: Parameters<typeof unparkQuery>[1]) => unparkQuery(db, p, true), {
     consumer: "\0consumer",
   }),
-  extend: prepare(db, extendQuery, { consumer: "\0consumer", token: "\0token", leaseMs: -1 }),
+  extend: prepare(db, extendQuery, { consumer: "\0consumer", token: "\0token", leaseMs: -1, keys: "\0keys" }),
+  extendByToken: prepare(
+    db,
+    (db, p: { readonly consumer: string; readonly token: string; readonly leaseMs: number }) =>
+      extendQuery(db, { ...p, keys: null }),
+    { consumer: "\0consumer", token: "\0token", leaseMs: -1 },
+  ),
   wakeupChannel: prepare(db, wakeupChannelQuery, { schema: "\0schema", consumer: "\0consumer" }),
   markProcessed: prepare(db, markProcessedQuery, {
     consumer: "\0consumer",
@@ -1011,6 +1040,17 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
           db.executeQuery(statement({ rows: storedRows(rows) })).then((r) => r.rows.length),
         )
 
+  // Per claim in flight: its rows' keys (JSON), so a heartbeat finds them on the primary key.
+  const claimed = new Map<string, string>()
+  // Claims remembered at most; a processor has a claim or two in flight.
+  const MAX_CLAIMS = 1024
+  const extendStatement = (consumer: string, token: string, leaseMs: number) => {
+    const keys = claimed.get(token)
+    return keys === undefined
+      ? q.extendByToken({ consumer, token, leaseMs })
+      : q.extend({ consumer, token, leaseMs, keys })
+  }
+
   const claim = Effect.fnUntraced(function* (
     consumer: string,
     limit: number,
@@ -1025,8 +1065,8 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
       () => db.executeQuery(statement({ consumer, limit, token, leaseMs })).then((r) => r.rows),
       // Given up on (interrupted, e.g. timed out), the statement may still run
       // later: hand whatever it claims straight back rather than leave it to the lease.
-      (claimed) => {
-        claimed
+      (pending) => {
+        pending
           .then((rows) => (rows.length > 0 ? db.executeQuery(q.release({ consumer, token })) : undefined))
           .catch(() => undefined)
       },
@@ -1040,6 +1080,11 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
     if (unchained.length > 0) {
       const keys = JSON.stringify(unchained.map((r) => r.key))
       yield* tryStore("InboxStore.claim", () => db.executeQuery(q.releaseSome({ consumer, token, keys })))
+    }
+    if (ordered.length > 0) {
+      // Claims that never reach a mark (a failed cycle) must not pile up.
+      if (claimed.size >= MAX_CLAIMS) claimed.clear()
+      claimed.set(token, JSON.stringify(ordered.map((row) => row.key)))
     }
     return { token, rows: ordered.map(({ depth: _, ...row }) => row) } satisfies Claim<InboxRow>
   })
@@ -1065,16 +1110,19 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
     claim,
     extend: (consumer, token, leaseMs) =>
       tryStore("InboxStore.extend", () =>
-        db.executeQuery(q.extend({ consumer, token, leaseMs })).then(affected),
+        db.executeQuery(extendStatement(consumer, token, leaseMs)).then(affected),
       ),
-    mark: (consumer, token, marks) =>
-      marks.length === 0
+    mark: (consumer, token, marks) => {
+      // The claim's cycle is settling (after its heartbeat): its keys are no longer needed.
+      claimed.delete(token)
+      return marks.length === 0
         ? Effect.succeed(0)
         : tryStore("InboxStore.mark", () =>
             db
               .executeQuery(q.mark({ consumer, token, failures: markFailures(marks) }))
               .then((r) => Number(r.rows[0]?.marked ?? 0)),
-          ),
+          )
+    },
     sweep: (consumer, { onDead = "block", waitedMs = 2_000 } = {}) =>
       tryStore("InboxStore.sweep", async () => {
         const skip = onDead === "skip"
