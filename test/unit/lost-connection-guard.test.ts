@@ -3,7 +3,10 @@
 import { describe, expect, test } from "bun:test"
 import { spawnSync } from "node:child_process"
 import { join } from "node:path"
-import { isPostgresJsConnectionLoss } from "../../src/storage/drivers/postgres-js/lostConnectionRejections.ts"
+import {
+  isPostgresJsConnectionLoss,
+  isSocketLoss,
+} from "../../src/storage/drivers/postgres-js/lostConnectionRejections.ts"
 
 const ROOT = join(import.meta.dir, "../..")
 const run = (env: Record<string, string>) => {
@@ -16,15 +19,26 @@ const run = (env: Record<string, string>) => {
       timeout: 20_000,
     },
   )
-  return { code: r.status, alive: r.stdout.includes("alive") }
+  return { code: r.status, alive: r.stdout.includes("alive"), stdout: r.stdout, stderr: r.stderr }
 }
 
 describe("postgres.js lost-connection rejections", () => {
   test("with the guard, a postgres.js connection loss nobody awaited does not end the process", () => {
-    expect(run({ GUARD: "1", REJECT: "postgres" })).toEqual({ code: 0, alive: true })
+    expect(run({ GUARD: "1", REJECT: "postgres" })).toMatchObject({ code: 0, alive: true })
   })
   test("without it, the same rejection ends a Node process (what the guard is for)", () => {
     expect(run({ GUARD: "0", REJECT: "postgres" })).toMatchObject({ alive: false })
+  })
+  test("with the guard, a socket's own reset (read ECONNRESET) nobody awaited does not end the process, and is said once", () => {
+    const r = run({ GUARD: "1", REJECT: "socket" })
+    expect(r.stdout).toContain("code ECONNRESET")
+    expect(r).toMatchObject({ code: 0, alive: true })
+    expect(r.stderr).toContain("dropped an unhandled socket error")
+  })
+  test("without it, that socket error ends a Node process", () => {
+    const r = run({ GUARD: "0", REJECT: "socket" })
+    expect(r.stdout).toContain("code ECONNRESET")
+    expect(r.alive).toBe(false)
   })
   test("with the guard, any other unhandled rejection still ends the process", () => {
     const r = run({ GUARD: "1", REJECT: "other" })
@@ -44,5 +58,17 @@ describe("postgres.js lost-connection rejections", () => {
       isPostgresJsConnectionLoss(Object.assign(new Error("x"), { code: "23505", stack: lost.stack })),
     ).toBe(false)
     expect(isPostgresJsConnectionLoss("CONNECTION_CLOSED")).toBe(false)
+  })
+  test("a socket error matches only when no JavaScript frame raised it", () => {
+    const reset = { code: "ECONNRESET", syscall: "read" }
+    const raw = Object.assign(new Error("read ECONNRESET"), reset, {
+      stack: "Error: read ECONNRESET\n    at TCP.onStreamRead (node:internal/stream_base_commons:216:20)",
+    })
+    expect(isSocketLoss(raw)).toBe(true)
+    const thrown = Object.assign(new Error("read ECONNRESET"), reset, {
+      stack: "Error: read ECONNRESET\n    at handler (file:///app/src/client.js:10:5)",
+    })
+    expect(isSocketLoss(thrown)).toBe(false)
+    expect(isSocketLoss(Object.assign(new Error("x"), { code: "ECONNRESET" }))).toBe(false)
   })
 })

@@ -11,6 +11,12 @@
  * connection-loss error thrown from its own `connection.js`. Anything else is
  * left as it was: with no other listener it is rethrown, which ends the
  * process as Node's default does; with the app's own listeners, theirs decide.
+ *
+ * When the server resets the connection instead of closing it (a restart under load), postgres.js
+ * rejects the same orphaned promise with the socket's own error (`read ECONNRESET`), which carries
+ * no postgres.js frame (seen in the Node postgres.js soak). Such an error raised by a socket
+ * itself, with no JavaScript caller in its stack, is dropped too, with a warning: an app's own
+ * unawaited socket error would otherwise have ended the process.
  */
 
 const CONNECTION_LOSS = new Set(["CONNECTION_CLOSED", "CONNECTION_DESTROYED", "CONNECTION_ENDED"])
@@ -20,6 +26,19 @@ export const isPostgresJsConnectionLoss = (reason: unknown): boolean =>
   reason instanceof Error &&
   CONNECTION_LOSS.has(String((reason as { code?: unknown }).code)) &&
   /[\\/]postgres[\\/](src|cjs[\\/]src|cf[\\/]src)[\\/]connection\.js/.test(reason.stack ?? "")
+
+const SOCKET_LOSS = new Set(["ECONNRESET", "EPIPE", "ETIMEDOUT"])
+
+/** A socket's own failure as Node reports it (`read ECONNRESET`): no frame but Node's internals. */
+export const isSocketLoss = (reason: unknown): boolean => {
+  if (!(reason instanceof Error)) return false
+  const { code, syscall } = reason as { code?: unknown; syscall?: unknown }
+  if (!SOCKET_LOSS.has(String(code)) || typeof syscall !== "string") return false
+  const frames = (reason.stack ?? "").split("\n").filter((line) => line.trimStart().startsWith("at "))
+  return (
+    frames.length > 0 && frames.every((line) => /\(node:|\(internal[/:]|at node:|at internal[/:]/.test(line))
+  )
+}
 
 interface ProcessEvents {
   on(event: "unhandledRejection", listener: (reason: unknown) => void): unknown
@@ -35,8 +54,18 @@ const events = (): ProcessEvents | undefined => {
 }
 
 let users = 0
+let warned = false
 const listener = (reason: unknown): void => {
   if (isPostgresJsConnectionLoss(reason)) return
+  if (isSocketLoss(reason)) {
+    if (!warned) {
+      warned = true
+      console.warn(
+        `txbox: dropped an unhandled socket error nobody awaited (${(reason as Error).message}), as postgres.js leaves one when a connection is reset; said once`,
+      )
+    }
+    return
+  }
   // Ours is the only listener: do what Node does without one.
   if (events()?.listenerCount("unhandledRejection") === 1) throw reason
 }
