@@ -9,13 +9,14 @@ import postgres from "postgres"
 import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
-import { type InboxRow, InboxStore } from "../../src/ports/InboxStore.ts"
+import { InboxStore } from "../../src/ports/InboxStore.ts"
 import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
 import * as SqlInboxStore from "../../src/storage/sql/SqlInboxStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { Note } from "../fixtures/contracts.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
 import { startFixture } from "../support/processes.ts"
+import { inboxRow as storedRow } from "../support/storeContract.ts"
 import {
   eventually,
   type MigratedDatabase,
@@ -693,19 +694,7 @@ for (const mode of ["idempotent", "store-then-process"] as const) {
 describe("inbox wake-ups", () => {
   test("a pending row wakes its own consumer's processors, not every consumer's (one channel per consumer)", async () => {
     const runtime = ManagedRuntime.make(storeLayer(t.url))
-    const row = (consumer: string): InboxRow => ({
-      key: uuidv7(),
-      consumer,
-      type: Note.type,
-      version: 1,
-      payload: JSON.stringify({ note: "n" }),
-      raw: null,
-      headers: {},
-      partitionKey: null,
-      tenantId: null,
-      attempts: 0,
-      lastError: null,
-    })
+    const row = (consumer: string) => storedRow(uuidv7(), consumer)
     const [mine, other] = [uniqueName("wake-mine"), uniqueName("wake-other")]
     let wakes = 0
     try {

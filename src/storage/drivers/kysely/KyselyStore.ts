@@ -15,6 +15,7 @@ import { ConfigError } from "../../../Errors.ts"
 import { Database, type DatabaseShape } from "../../../ports/Database.ts"
 import { InboxStore, type InboxStoreShape } from "../../../ports/InboxStore.ts"
 import type { TxboxStore } from "../../../ports/stores.ts"
+import { noListen } from "../shared/postgresConnection.ts"
 import { sqlStores } from "../shared/sqlStores.ts"
 
 /** The settings of `KyselyStore.layer`: the app's Kysely, the schema, and LISTEN if the app can provide it. */
@@ -36,8 +37,6 @@ export interface KyselyStoreConfig {
    */
   readonly commitRefusesAborted?: boolean
 }
-
-const noListen = (_channel: string, _onNotify: () => void) => Effect.void
 
 /** The `Database` service over the app's Kysely. */
 export const make = (config: KyselyStoreConfig): Effect.Effect<DatabaseShape, ConfigError> =>

@@ -10,7 +10,7 @@ import { defaultExport, loadDriver } from "../../../drivers.ts"
 import type { ConfigError } from "../../../Errors.ts"
 import type { DatabaseShape } from "../../../ports/Database.ts"
 import { classifyDbError } from "../../sql/errors.ts"
-import type { ValidConnection } from "../shared/postgresConnection.ts"
+import { noListen, type ValidConnection } from "../shared/postgresConnection.ts"
 import { makeListener } from "./listener.ts"
 
 /**
@@ -88,5 +88,3 @@ export const open = (
       commitRefusesAborted: true,
     } satisfies DatabaseShape
   })
-
-const noListen = (_channel: string, _onNotify: () => void) => Effect.void

@@ -44,6 +44,7 @@ import { fromConfig } from "../../../layerConfig.ts"
 import { Database, type DatabaseShape } from "../../../ports/Database.ts"
 import type { TxboxStore } from "../../../ports/stores.ts"
 import { classifyDbError } from "../../sql/errors.ts"
+import { noListen } from "../shared/postgresConnection.ts"
 import { sqlStores } from "../shared/sqlStores.ts"
 import { PgliteDialect, sessionLock } from "./dialect.ts"
 
@@ -178,7 +179,6 @@ export const make = (
         }),
         (unlisten) => Effect.promise(() => exclusive(() => unlisten()).catch(() => undefined)),
       ).pipe(Effect.asVoid)
-    const noListen = (_channel: string, _onNotify: () => void) => Effect.void
 
     return {
       db,

@@ -15,7 +15,7 @@ import type { ConfigError, StoreError } from "../../../Errors.ts"
 import type { DatabaseShape } from "../../../ports/Database.ts"
 import { classifyDbError } from "../../sql/errors.ts"
 import { PING_PAYLOAD, watchedListen } from "../shared/listenWatchdog.ts"
-import { relisten, relistenForever, type ValidConnection } from "../shared/postgresConnection.ts"
+import { noListen, relisten, relistenForever, type ValidConnection } from "../shared/postgresConnection.ts"
 import { PostgresJsDialect, type PostgresJsPool } from "./dialect.ts"
 import { holdLostConnectionGuard } from "./lostConnectionRejections.ts"
 import { makeRenewingClient } from "./renewingPool.ts"
@@ -110,5 +110,3 @@ export const open = (
       commitRefusesAborted: false,
     } satisfies DatabaseShape
   })
-
-const noListen = (_channel: string, _onNotify: () => void) => Effect.void

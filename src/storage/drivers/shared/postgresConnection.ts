@@ -2,7 +2,7 @@
  * What the PostgreSQL stores share whatever the driver: the settings and their
  * validation and the LISTEN retry schedules. Imports no driver.
  */
-import { type Duration, type Redacted, Schedule } from "effect"
+import { type Duration, Effect, type Redacted, Schedule } from "effect"
 import { validateSchemaName } from "../../../core/identifier.ts"
 import { ConfigError, redactUrls } from "../../../Errors.ts"
 import { urlText } from "../../../layerConfig.ts"
@@ -82,3 +82,6 @@ export const relisten: Schedule.Schedule<Duration.Duration> = Schedule.exponenti
 export const relistenForever: Schedule.Schedule<Duration.Duration> = schedule(
   makeRetryPolicy({ initialDelay: "200 millis", maxDelay: "5 seconds" }),
 )
+
+/** A store's `listen` with LISTEN off: no wake-ups, the loops poll. */
+export const noListen = (_channel: string, _onNotify: () => void): Effect.Effect<void> => Effect.void
