@@ -64,11 +64,7 @@ export const listenSelfTest = (
         )
         if (!answered && !deaf) {
           deaf = true
-          yield* Effect.logWarning(
-            `txbox: LISTEN on ${JSON.stringify(channel)} heard no NOTIFY within ${SELF_TEST_WITHIN_MS} ms ` +
-              "(a transaction pooler such as PgBouncer between txbox and PostgreSQL?): wake-ups fall back " +
-              "to the poll interval; give the store a listenUrl that connects directly",
-          )
+          yield* Effect.logWarning(deafWarning(channel, SELF_TEST_WITHIN_MS))
         } else if (answered && deaf) {
           deaf = false
           yield* Effect.logInfo(hearsAgain(channel))
