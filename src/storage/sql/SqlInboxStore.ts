@@ -1040,15 +1040,16 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
           db.executeQuery(statement({ rows: storedRows(rows) })).then((r) => r.rows.length),
         )
 
-  // Per claim in flight: its rows' keys (JSON), so a heartbeat finds them on the primary key.
-  const claimed = new Map<string, string>()
+  // Per claim in flight: its rows, so a heartbeat finds them on the primary key (their keys are
+  // written out only then, never on the hot path).
+  const claimed = new Map<string, ReadonlyArray<InboxRow>>()
   // Claims remembered at most; a processor has a claim or two in flight.
   const MAX_CLAIMS = 1024
   const extendStatement = (consumer: string, token: string, leaseMs: number) => {
-    const keys = claimed.get(token)
-    return keys === undefined
+    const rows = claimed.get(token)
+    return rows === undefined
       ? q.extendByToken({ consumer, token, leaseMs })
-      : q.extend({ consumer, token, leaseMs, keys })
+      : q.extend({ consumer, token, leaseMs, keys: JSON.stringify(rows.map((row) => row.key)) })
   }
 
   const claim = Effect.fnUntraced(function* (
@@ -1084,7 +1085,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
     if (ordered.length > 0) {
       // Claims that never reach a mark (a failed cycle) must not pile up.
       if (claimed.size >= MAX_CLAIMS) claimed.clear()
-      claimed.set(token, JSON.stringify(ordered.map((row) => row.key)))
+      claimed.set(token, ordered)
     }
     return { token, rows: ordered.map(({ depth: _, ...row }) => row) } satisfies Claim<InboxRow>
   })

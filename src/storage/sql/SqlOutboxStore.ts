@@ -306,13 +306,15 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
   const db = (database.db as Kysely<TxboxDatabase>).withSchema(database.schema)
   const q = statements(db)
 
-  // Per claim in flight: its rows' ids (JSON), for extend and release by primary key, and the lease
-  // it stamped, for `markAllSent` (undefined once extended: the rows have another visible_at).
-  const leases = new Map<string, { until: string | undefined; readonly rows: number; readonly ids: string }>()
+  // Per claim in flight: its rows (for extend and release by primary key; their ids are written
+  // out only then, never on the hot path), and the lease it stamped, for `markAllSent` (undefined
+  // once extended: the rows have another visible_at).
+  const leases = new Map<string, { until: string | undefined; readonly rows: ReadonlyArray<ClaimedRow> }>()
   const idsOf = (rows: ReadonlyArray<{ readonly id: string }>) => JSON.stringify(rows.map((row) => row.id))
-  const release = (token: string, ids = leases.get(token)?.ids): Promise<number> => {
+  const release = (token: string, rows = leases.get(token)?.rows): Promise<number> => {
     leases.delete(token)
-    const statement = ids === undefined ? q.releaseByToken({ token }) : q.release({ token, ids })
+    const statement =
+      rows === undefined ? q.releaseByToken({ token }) : q.release({ token, ids: idsOf(rows) })
     return db.executeQuery(statement).then(affected)
   }
 
@@ -324,14 +326,14 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
       // Given up on (interrupted, e.g. timed out), the statement may still run
       // later: hand whatever it claims straight back rather than leave it to the lease.
       (claimed) => {
-        claimed.then((rows) => (rows.length > 0 ? release(token, idsOf(rows)) : 0)).catch(() => 0)
+        claimed.then((rows) => (rows.length > 0 ? release(token, rows) : 0)).catch(() => 0)
       },
     )
     const first = rows[0]
     if (first !== undefined) {
       // Claims that never reach a mark (a failed cycle) must not pile up: the per-row mark needs none.
       if (leases.size >= MAX_LEASES) leases.clear()
-      leases.set(token, { until: first.lease_until, rows: rows.length, ids: idsOf(rows) })
+      leases.set(token, { until: first.lease_until, rows })
     }
     return { token, rows: rows.map(toMessage) } satisfies Claim<OutboxMessage>
   })
@@ -343,7 +345,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     const perRow = () => db.executeQuery(q.mark({ token, verdicts: markVerdicts(marks) })).then(affected)
     const allSent =
       lease?.until !== undefined &&
-      marks.length === lease.rows &&
+      marks.length === lease.rows.length &&
       marks.every((m) => m.verdict._tag === "Done")
     const leaseUntil = lease?.until
     return tryStore("OutboxStore.mark", async () => {
@@ -391,7 +393,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
         if (lease === undefined) return db.executeQuery(q.extendByToken({ token, leaseMs })).then(affected)
         // The rows get another visible_at: the claim's no longer finds them.
         lease.until = undefined
-        return db.executeQuery(q.extend({ token, leaseMs, ids: lease.ids })).then(affected)
+        return db.executeQuery(q.extend({ token, leaseMs, ids: idsOf(lease.rows) })).then(affected)
       }),
     lagSeconds,
     nextDueMs,
