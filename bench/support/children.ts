@@ -2,6 +2,7 @@
 // support/inboxProcess.ts): spawn with an environment, read their JSON lines, send them commands
 // on stdin, stop them.
 import { type ChildProcess, spawn } from "node:child_process"
+import { openSync } from "node:fs"
 import { join } from "node:path"
 import { BENCH_DIR, until } from "./harness.ts"
 
@@ -36,12 +37,19 @@ export const spawnChild = <L extends { readonly event: string }>(
     ? ["--cpu-prof-md", `--cpu-prof-dir=${profile}`, `--cpu-prof-name=${script}-${Date.now()}.md`]
     : []
   const node = process.env.BENCH_NODE_PROF
+  // BENCH_JIT_REPORT=<dir>: each child's JavaScriptCore compilations (what, which tier, how long) go
+  // to a log there, one per child: a function compiled again and again is CPU the profile does not show.
+  const jitReport = process.env.BENCH_JIT_REPORT
   const child = spawn(
     node ? join(BENCH_DIR, "..", "node_modules", ".bin", "node") : process.execPath,
     [...(node ? ["--cpu-prof", `--cpu-prof-dir=${node}`] : flags), join(BENCH_DIR, "support", script)],
     {
-      env: { ...process.env, ...env },
-      stdio: ["pipe", "pipe", "inherit"],
+      env: { ...process.env, ...env, ...(jitReport ? { BUN_JSC_reportCompileTimes: "1" } : {}) },
+      stdio: [
+        "pipe",
+        "pipe",
+        jitReport ? openSync(join(jitReport, `${script}-${Date.now()}.log`), "w") : "inherit",
+      ],
     },
   )
   running.add(child)

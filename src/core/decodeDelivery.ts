@@ -55,82 +55,87 @@ export const decodeDelivery = (
     ),
   )
 
+// Combinators, not Effect.gen: runs once per delivery, and JavaScriptCore kept recompiling this
+// function's generator body for as long as the inbox ran (see inboxConsumer.ts).
 const decodeOnce = (
   registry: Registry,
   handlers: HandlerIndex,
   consumer: string,
   delivery: Delivery,
   attempts: number,
-): Effect.Effect<Decoded> =>
-  Effect.gen(function* () {
-    const base = {
-      consumer,
-      type: delivery.type ?? null,
-      version: delivery.version ?? null,
-      // Made storable (NULs) once, with the rest of the row, by storableRow below.
-      headers: delivery.headers,
-      partitionKey: delivery.partitionKey ?? null,
-      position: positionOfDelivery(delivery) ?? null,
-      tenantId: delivery.tenantId ?? null,
-      attempts,
-    }
-    const bad = (key: string, reason: string): Decoded => ({
-      _tag: "Bad",
-      row: storableRow({
-        ...base,
-        key,
-        payload: null,
-        raw: storableBody(delivery.body, delivery.bodyBytes),
-        lastError: reason,
-      }),
-    })
-    const failed = (key: string, error: string): Decoded => ({
-      _tag: "Failed",
-      // As received, payload included: store-then-process stores it, and the processor tries again.
-      row: storableRow({ ...base, key, payload: delivery.body, raw: null, lastError: error }),
-      error,
-    })
-    // A message without an id still gets a stable key, so its redeliveries collapse into one dead row.
-    const messageId =
-      delivery.messageId ?? `missing-id:${yield* sha256Hex(`${delivery.type}\n${delivery.body}`)}`
-    if (delivery.messageId === undefined) return bad(messageId, "message has no message id")
-    if (delivery.type === undefined) return bad(messageId, "message has no type")
-    // The registry resolves the version (upcasting an older one to the handled contract) and validates.
-    const decoded = yield* Effect.result(registry.decode(delivery.type, delivery.version, delivery.body))
-    if (decoded._tag === "Failure") {
-      const error = decoded.failure
-      return error.retryable ? failed(messageId, error.message) : bad(messageId, error.message)
-    }
-    const { contract, payload } = decoded.success
-    const handler = handlers.get(`${contract.type}@${contract.version}`)!
-    const envelopeBase = {
-      id: messageId,
-      type: contract.type,
-      version: contract.version,
-      headers: delivery.headers,
-      partitionKey: delivery.partitionKey,
-      position: positionOfDelivery(delivery),
-      tenantId: delivery.tenantId,
-      attempt: delivery.attempt,
-    }
-    let dedupeKey = messageId
-    if (handler.dedupeKey) {
-      try {
-        // Scoped by type: two handlers of one consumer keyed by the same business id (an order's
-        // OrderPlaced and OrderPaid) must not collide in the inbox.
-        dedupeKey = `${contract.type}:${String(handler.dedupeKey(payload, envelopeBase))}`
-      } catch (error) {
-        return bad(messageId, `dedupeKey threw: ${describe(error)}`)
-      }
-    }
-    return {
-      _tag: "Ok",
-      handler,
-      payload,
-      envelope: { ...envelopeBase, dedupeKey },
-      row: storableRow({ ...base, key: dedupeKey, payload: delivery.body, raw: null, lastError: null }),
-    }
+): Effect.Effect<Decoded> => {
+  const base = {
+    consumer,
+    type: delivery.type ?? null,
+    version: delivery.version ?? null,
+    // Made storable (NULs) once, with the rest of the row, by storableRow below.
+    headers: delivery.headers,
+    partitionKey: delivery.partitionKey ?? null,
+    position: positionOfDelivery(delivery) ?? null,
+    tenantId: delivery.tenantId ?? null,
+    attempts,
+  }
+  const bad = (key: string, reason: string): Decoded => ({
+    _tag: "Bad",
+    row: storableRow({
+      ...base,
+      key,
+      payload: null,
+      raw: storableBody(delivery.body, delivery.bodyBytes),
+      lastError: reason,
+    }),
   })
+  const failed = (key: string, error: string): Decoded => ({
+    _tag: "Failed",
+    // As received, payload included: store-then-process stores it, and the processor tries again.
+    row: storableRow({ ...base, key, payload: delivery.body, raw: null, lastError: error }),
+    error,
+  })
+  const messageId = delivery.messageId
+  // A message without an id still gets a stable key, so its redeliveries collapse into one dead row.
+  if (messageId === undefined)
+    return Effect.map(sha256Hex(`${delivery.type}\n${delivery.body}`), (hash) =>
+      bad(`missing-id:${hash}`, "message has no message id"),
+    )
+  if (delivery.type === undefined) return Effect.succeed(bad(messageId, "message has no type"))
+  // The registry resolves the version (upcasting an older one to the handled contract) and validates.
+  return registry.decode(delivery.type, delivery.version, delivery.body).pipe(
+    Effect.match({
+      onFailure: (error): Decoded =>
+        error.retryable ? failed(messageId, error.message) : bad(messageId, error.message),
+      onSuccess: ({ contract, payload }): Decoded => {
+        const handler = handlers.get(`${contract.type}@${contract.version}`)!
+        const envelopeBase = {
+          id: messageId,
+          type: contract.type,
+          version: contract.version,
+          headers: delivery.headers,
+          partitionKey: delivery.partitionKey,
+          position: positionOfDelivery(delivery),
+          tenantId: delivery.tenantId,
+          attempt: delivery.attempt,
+        }
+        let dedupeKey = messageId
+        if (handler.dedupeKey) {
+          try {
+            // Scoped by type: two handlers of one consumer keyed by the same business id (an order's
+            // OrderPlaced and OrderPaid) must not collide in the inbox.
+            dedupeKey = `${contract.type}:${String(handler.dedupeKey(payload, envelopeBase))}`
+          } catch (error) {
+            return bad(messageId, `dedupeKey threw: ${describe(error)}`)
+          }
+        }
+        return {
+          _tag: "Ok",
+          handler,
+          payload,
+          envelope: { ...envelopeBase, dedupeKey },
+          row: storableRow({ ...base, key: dedupeKey, payload: delivery.body, raw: null, lastError: null }),
+        }
+      },
+    }),
+  )
+}
 
 const decodingDied = (consumer: string, delivery: Delivery, attempts: number, error: string): Decoded => ({
   _tag: "Failed",

@@ -5,7 +5,7 @@
  * publish or handle them a second time. Extensions stop after `maxHoldMs`, so
  * rows held by a worker that hangs still come back to the others.
  */
-import { Effect } from "effect"
+import { Effect, Fiber } from "effect"
 import type { StoreError } from "../Errors.ts"
 
 /** How long past its first lease a claim may be kept alive, in leases. */
@@ -26,11 +26,10 @@ export const holdingLease = <A, E, R>(
     ),
     { times: beats - 1 },
   )
-  return Effect.scoped(
-    Effect.gen(function* () {
-      // Interruptible even inside the loop's uninterruptible cycle, so the scope can stop it.
-      yield* Effect.forkScoped(Effect.interruptible(heartbeat))
-      return yield* work
-    }),
+  // A fiber interrupted when the work ends, without a scope or a generator: once per batch, and
+  // JavaScriptCore kept recompiling the generator body this had (core/inboxConsumer.ts says more).
+  // Interruptible even inside the loop's uninterruptible cycle, so it can be stopped.
+  return Effect.flatMap(Effect.forkChild(Effect.interruptible(heartbeat)), (beating) =>
+    Effect.onExit(work, () => Fiber.interrupt(beating)),
   )
 }

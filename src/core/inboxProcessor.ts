@@ -89,118 +89,67 @@ const lanes = (ready: ReadonlyArray<Ready>, size: number): Ready[][] => {
   return chunks
 }
 
-export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effect<number, StoreError> => {
-  // Rows of ordered keys processed this cycle: each made its key's next row claimable.
-  let advancedKeys = 0
-
-  /**
-   * One transaction for rows of a claim: marked processed in one statement
-   * (a row the token no longer holds is skipped), then each one's handler in
-   * turn. Commits or fails as a whole; per row, whether it was ours.
-   */
-  const processTogether =
-    (token: string) =>
-    (
-      items: ReadonlyArray<Ready>,
-    ): Effect.Effect<ReadonlyArray<boolean>, FailedAt<HandlerFailed> | StoreError> =>
-      watchdog(
-        (running) =>
-          p.store.transaction(
-            (tx) =>
-              Effect.gen(function* () {
-                const attempts = (item: Ready) => item.row.attempts + 1
-                const mine =
-                  items.length === 1
-                    ? [yield* tx.markProcessed(p.consumer, items[0]!.row.key, token, attempts(items[0]!))]
-                    : yield* tx.markProcessedAll(
-                        p.consumer,
-                        token,
-                        items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
-                      )
-                for (const [i, item] of items.entries()) {
-                  const decoded = item.decoded
-                  if (mine[i] !== true || decoded === undefined) continue
-                  // The stored key is already the dedupe key; keep it whatever the contract computes now.
-                  const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
-                  yield* nowRunning(running, i)
-                  yield* runHandler(
-                    p.consumer,
-                    decoded.handler,
-                    decoded.payload,
-                    envelope,
-                    tx.trx,
-                    undefined,
-                    p.messaging,
-                  ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
-                  yield* nowRunning(running, -1)
-                }
-                return mine
-              }),
-            // As in the consumer: the server cancels a handler's statement stuck past its time.
-            { statementTimeoutMs: p.handlerTimeoutMs },
-          ),
-        p.handlerTimeoutMs,
-        STATEMENTS_MS,
-        (index) => transactionTimedOut(index, p.handlerTimeoutMs),
-      )
-
-  /**
-   * A lane's rows, `size` to a transaction, one transaction after another; a
-   * key whose row failed holds back its rows after it (they go back, due now,
-   * behind the failed one).
-   */
-  const processLane = (lane: ReadonlyArray<Ready>, size: number, token: string) =>
-    Effect.gen(function* () {
-      const marks: Array<InboxMark | undefined> = []
-      const failedKeys = new Set<string>()
-      for (let i = 0; i < lane.length; i += size) {
-        const piece: Ready[] = []
-        for (const item of lane.slice(i, i + size)) {
-          const key = orderedKey(item.row)
-          if (key !== null && failedKeys.has(key)) marks.push(heldBack(item.row))
-          else piece.push(item)
-        }
-        if (piece.length === 0) continue
-        const pieceMarks = yield* processChunk(piece, token)
-        for (const [j, mark] of pieceMarks.entries()) {
-          const key = orderedKey(piece[j]!.row)
-          if (mark !== undefined && key !== null) failedKeys.add(key)
-        }
-        marks.push(...pieceMarks)
-      }
-      return marks
-    })
-
-  /** What became of a chunk's rows: the failures as marks; the processed ones counted. */
-  const processChunk = (items: ReadonlyArray<Ready>, token: string) =>
-    Effect.flatMap(runShared(items, processTogether(token), isOutage, keyChains), (results) =>
-      Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
-        const result = results[i]
-        if (result !== undefined && !result.ok && result.error === HELD_BACK)
-          return Effect.succeed(heldBack(item.row))
-        if (result === undefined || !result.ok) {
-          const failure = result === undefined ? permanent("no result for the row") : failureOf(result.error)
-          const verdict = verdictFor(item.row.attempts, failure, p.retry)
-          return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
-        }
-        if (!result.value) return Effect.succeed(undefined)
-        if (item.row.position != null) advancedKeys++
-        if (item.decoded === undefined) {
-          p.counters.duplicates++
-          return Effect.as(Metric.update(Metrics.duplicates, 1), undefined)
-        }
-        p.counters.processed++
-        return Effect.as(Metric.update(Metrics.processed, 1), undefined)
-      }),
+/**
+ * One transaction for rows of a claim: marked processed in one statement
+ * (a row the token no longer holds is skipped), then each one's handler in
+ * turn. Commits or fails as a whole; per row, whether it was ours.
+ */
+const processTogether =
+  (p: InboxParts, token: string) =>
+  (
+    items: ReadonlyArray<Ready>,
+  ): Effect.Effect<ReadonlyArray<boolean>, FailedAt<HandlerFailed> | StoreError> =>
+    watchdog(
+      (running) =>
+        p.store.transaction(
+          (tx) =>
+            Effect.gen(function* () {
+              const attempts = (item: Ready) => item.row.attempts + 1
+              const mine =
+                items.length === 1
+                  ? [yield* tx.markProcessed(p.consumer, items[0]!.row.key, token, attempts(items[0]!))]
+                  : yield* tx.markProcessedAll(
+                      p.consumer,
+                      token,
+                      items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
+                    )
+              for (const [i, item] of items.entries()) {
+                const decoded = item.decoded
+                if (mine[i] !== true || decoded === undefined) continue
+                // The stored key is already the dedupe key; keep it whatever the contract computes now.
+                const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
+                yield* nowRunning(running, i)
+                yield* runHandler(
+                  p.consumer,
+                  decoded.handler,
+                  decoded.payload,
+                  envelope,
+                  tx.trx,
+                  undefined,
+                  p.messaging,
+                ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
+                yield* nowRunning(running, -1)
+              }
+              return mine
+            }),
+          // As in the consumer: the server cancels a handler's statement stuck past its time.
+          { statementTimeoutMs: p.handlerTimeoutMs },
+        ),
+      p.handlerTimeoutMs,
+      STATEMENTS_MS,
+      (index) => transactionTimedOut(index, p.handlerTimeoutMs),
     )
 
-  return Effect.gen(function* () {
-    advancedKeys = 0
-    const { token, rows } = yield* Effect.suspend(() =>
-      p.store.claim(p.consumer, s.batchSize, s.leaseMs, s.onOrderedDead, true),
-    ).pipe(bounded("Inbox.claim", STATEMENTS_MS))
-    if (rows.length === 0) return 0
-    const ordered = new Set(rows.filter((r) => r.position != null).map((r) => r.key))
+/**
+ * The claimed rows decoded for their handlers, in claim order. What cannot
+ * run becomes a mark (dead when undecodable for good, retried when the
+ * validator failed), and holds back its key's later rows of the claim.
+ */
+const decodeClaimed = (
+  p: InboxParts,
+  rows: ReadonlyArray<InboxRow>,
+): Effect.Effect<{ readonly ready: Ready[]; readonly marks: InboxMark[] }> =>
+  Effect.gen(function* () {
     const marks: InboxMark[] = []
     const ready: Ready[] = []
     // Keys whose claimed row before this one will not run in this batch (it could not be decoded).
@@ -236,6 +185,71 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
       if (verdict._tag !== "Done") marks.push({ key: row.key, verdict })
       if (key !== null) stopped.add(key)
     }
+    return { ready, marks }
+  })
+
+export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effect<number, StoreError> => {
+  // Rows of ordered keys processed this cycle: each made its key's next row claimable.
+  let advancedKeys = 0
+
+  /**
+   * A lane's rows, `size` to a transaction, one transaction after another; a
+   * key whose row failed holds back its rows after it (they go back, due now,
+   * behind the failed one).
+   */
+  const processLane = (lane: ReadonlyArray<Ready>, size: number, token: string) =>
+    Effect.gen(function* () {
+      const marks: Array<InboxMark | undefined> = []
+      const failedKeys = new Set<string>()
+      for (let i = 0; i < lane.length; i += size) {
+        const piece: Ready[] = []
+        for (const item of lane.slice(i, i + size)) {
+          const key = orderedKey(item.row)
+          if (key !== null && failedKeys.has(key)) marks.push(heldBack(item.row))
+          else piece.push(item)
+        }
+        if (piece.length === 0) continue
+        const pieceMarks = yield* processChunk(piece, token)
+        for (const [j, mark] of pieceMarks.entries()) {
+          const key = orderedKey(piece[j]!.row)
+          if (mark !== undefined && key !== null) failedKeys.add(key)
+        }
+        marks.push(...pieceMarks)
+      }
+      return marks
+    })
+
+  /** What became of a chunk's rows: the failures as marks; the processed ones counted. */
+  const processChunk = (items: ReadonlyArray<Ready>, token: string) =>
+    Effect.flatMap(runShared(items, processTogether(p, token), isOutage, keyChains), (results) =>
+      Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
+        const result = results[i]
+        if (result !== undefined && !result.ok && result.error === HELD_BACK)
+          return Effect.succeed(heldBack(item.row))
+        if (result === undefined || !result.ok) {
+          const failure = result === undefined ? permanent("no result for the row") : failureOf(result.error)
+          const verdict = verdictFor(item.row.attempts, failure, p.retry)
+          return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
+        }
+        if (!result.value) return Effect.succeed(undefined)
+        if (item.row.position != null) advancedKeys++
+        if (item.decoded === undefined) {
+          p.counters.duplicates++
+          return Effect.as(Metric.update(Metrics.duplicates, 1), undefined)
+        }
+        p.counters.processed++
+        return Effect.as(Metric.update(Metrics.processed, 1), undefined)
+      }),
+    )
+
+  return Effect.gen(function* () {
+    advancedKeys = 0
+    const { token, rows } = yield* Effect.suspend(() =>
+      p.store.claim(p.consumer, s.batchSize, s.leaseMs, s.onOrderedDead, true),
+    ).pipe(bounded("Inbox.claim", STATEMENTS_MS))
+    if (rows.length === 0) return 0
+    const ordered = new Set(rows.filter((r) => r.position != null).map((r) => r.key))
+    const { ready, marks } = yield* decodeClaimed(p, rows)
     const results = yield* holdingLease(
       p.store.extend(p.consumer, token, s.leaseMs),
       s.leaseMs,

@@ -130,8 +130,8 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
         cause,
       )
     })
-  const succeeded = Effect.gen(function* () {
-    const now = yield* Clock.currentTimeMillis
+  // Once per cycle: a callback, not a generator (core/inboxConsumer.ts says why).
+  const succeeded = Effect.map(Clock.currentTimeMillis, (now) => {
     state.lastCycleAt = now
     state.lastSuccessAt = now
     state.lastError = undefined

@@ -138,32 +138,13 @@ export const relayCycle = (
     )
   }
 
-  return Effect.gen(function* () {
-    // While the broker is away, leave the rows alone: claiming and marking
-    // them would cost two writes per row per cycle and change nothing.
-    if (!(yield* transport.isConnected)) {
-      return yield* new TransportError({
-        reason: "connection",
-        operation: "Relay.publish",
-        cause: "broker not connected",
-      })
-    }
-    const { token, rows } = yield* Metrics.timed(Metrics.claimDuration, claim)
-    yield* Effect.annotateCurrentSpan("txbox.claimed", rows.length)
-    if (rows.length === 0) return 0
-    yield* Metric.update(Metrics.batchSize, rows.length)
-    const { outcomes, outage } = yield* Metrics.timed(
-      Metrics.publishDuration,
-      holdingLease(store.extend(token, s.leaseMs), s.leaseMs, publish(rows)),
-    )
-    const marks = rows.map(
-      (row, i): OutboxMark => ({
-        id: row.id,
-        verdict: verdictFor(row.attempts, publishFailure(outcomes[i]!), s.retry),
-      }),
-    )
-    yield* tombstones(rows, marks)
-    const updated = yield* Metrics.timed(Metrics.markDuration, mark(token, marks))
+  // What the marks say, counted; then the outage that cut the publish short, if any.
+  const settled = (
+    rows: ReadonlyArray<OutboxMessage>,
+    marks: ReadonlyArray<OutboxMark>,
+    updated: number,
+    outage: TransportError | undefined,
+  ): Effect.Effect<number, TransportError> => {
     let sent = 0
     let dead = 0
     for (const m of marks) {
@@ -176,11 +157,55 @@ export const relayCycle = (
     counters.retried += retried
     counters.lostLeases += marks.length - updated
     counters.batches++
-    yield* Metric.update(Metrics.published, sent)
-    if (dead > 0) yield* Metric.update(deadOutbox, dead)
-    if (retried > 0) yield* Metric.update(retriedOutbox, retried)
-    if (outage) return yield* outage
-    return rows.length
+    let metrics = Metric.update(Metrics.published, sent)
+    if (dead > 0) metrics = Effect.andThen(metrics, Metric.update(deadOutbox, dead))
+    if (retried > 0) metrics = Effect.andThen(metrics, Metric.update(retriedOutbox, retried))
+    return outage ? Effect.andThen(metrics, Effect.fail(outage)) : Effect.as(metrics, rows.length)
+  }
+
+  // Publish, then mark: the rows of a claim that found some.
+  const work = (token: string, rows: ReadonlyArray<OutboxMessage>) =>
+    Metrics.timed(
+      Metrics.publishDuration,
+      holdingLease(store.extend(token, s.leaseMs), s.leaseMs, publish(rows)),
+    ).pipe(
+      Effect.flatMap(({ outcomes, outage }) => {
+        const marks = rows.map(
+          (row, i): OutboxMark => ({
+            id: row.id,
+            verdict: verdictFor(row.attempts, publishFailure(outcomes[i]!), s.retry),
+          }),
+        )
+        return tombstones(rows, marks).pipe(
+          Effect.andThen(Metrics.timed(Metrics.markDuration, mark(token, marks))),
+          Effect.flatMap((updated) => settled(rows, marks, updated, outage)),
+        )
+      }),
+    )
+
+  // Combinators, not Effect.gen: once per cycle, and JavaScriptCore kept recompiling generator
+  // bodies on this path for as long as the relay ran (core/inboxConsumer.ts says more).
+  return Effect.flatMap(transport.isConnected, (connected) => {
+    // While the broker is away, leave the rows alone: claiming and marking
+    // them would cost two writes per row per cycle and change nothing.
+    if (!connected) {
+      return Effect.fail(
+        new TransportError({
+          reason: "connection",
+          operation: "Relay.publish",
+          cause: "broker not connected",
+        }),
+      )
+    }
+    return Effect.flatMap(Metrics.timed(Metrics.claimDuration, claim), ({ token, rows }) =>
+      Effect.annotateCurrentSpan("txbox.claimed", rows.length).pipe(
+        Effect.andThen(
+          rows.length === 0
+            ? Effect.succeed(0)
+            : Effect.andThen(Metric.update(Metrics.batchSize, rows.length), work(token, rows)),
+        ),
+      ),
+    )
   }).pipe(spanned("Relay.batch", { root: true }))
 }
 

@@ -105,166 +105,183 @@ const toMessage = (row: Row): OutboxMessage => ({
 // Due order as the claim's index gives it; insertion order breaks ties so runs are reproducible.
 const byDue = (a: Row, b: Row): number => a.visibleAt - b.visibleAt || a.seq - b.seq
 
+/** What one store holds: every operation below reads and writes it, and `make` gives each store its own. */
+interface State {
+  // A Map keeps insertion order, which `rows()` reports.
+  readonly table: Map<string, Row>
+  /** The next row's insertion number. */
+  seq: number
+  /** Set by `setDown`: every port operation fails while it is. */
+  down: boolean
+}
+
+/**
+ * One operation: the down check, then `f` with the `Clock`'s now in one
+ * synchronous step, so no other fiber interleaves (as one SQL statement).
+ */
+const op = <A>(state: State, operation: string, f: (now: number) => A): Effect.Effect<A, StoreError> =>
+  Effect.clockWith((clock) =>
+    Effect.suspend(() =>
+      state.down
+        ? Effect.fail(new StoreError({ reason: "connection", operation, cause: "memory store is down" }))
+        : Effect.succeed(f(clock.currentTimeMillisUnsafe())),
+    ),
+  )
+
+const claim = (state: State) => (limit: number, leaseMs: number) =>
+  op(state, "OutboxStore.claim", (now): Claim<OutboxMessage> => {
+    const token = uuidv7()
+    // An expired lease needs no special case: its row is pending with visibleAt <= now again.
+    const due = [...state.table.values()]
+      .filter((r) => r.status === "pending" && r.visibleAt <= now)
+      .sort(byDue)
+      .slice(0, Math.max(0, limit))
+    for (const row of due) {
+      row.lockToken = token
+      row.visibleAt = now + leaseMs
+    }
+    return { token, rows: due.map(toMessage) }
+  })
+
+const mark = (state: State) => (token: string, marks: ReadonlyArray<OutboxMark>) =>
+  op(state, "OutboxStore.mark", (now) => {
+    let changed = 0
+    for (const { id, verdict } of marks) {
+      const row = state.table.get(id)
+      // The token check is what keeps a relay whose lease ran out from settling another's claim.
+      if (row === undefined || row.lockToken !== token || row.status !== "pending") continue
+      if (verdict._tag === "Done") {
+        // lastError stays: the SQL keeps it (COALESCE) as a trace of earlier failures.
+        row.status = "sent"
+        row.publishedAt = now
+        row.lockToken = null
+      } else applyFailure(row, verdict, now)
+      changed++
+    }
+    return changed
+  })
+
+const release = (state: State) => (token: string) =>
+  op(state, "OutboxStore.release", (now) => {
+    let released = 0
+    for (const row of state.table.values()) {
+      if (row.lockToken !== token || row.status !== "pending") continue
+      row.lockToken = null
+      row.visibleAt = now
+      released++
+    }
+    return released
+  })
+
+const extend = (state: State) => (token: string, leaseMs: number) =>
+  op(state, "OutboxStore.extend", (now) => {
+    let extended = 0
+    for (const row of state.table.values()) {
+      if (row.lockToken !== token || row.status !== "pending") continue
+      row.visibleAt = now + leaseMs
+      extended++
+    }
+    return extended
+  })
+
+const lagSeconds = (state: State) =>
+  op(state, "OutboxStore.lag", (now) => {
+    let oldest = Number.POSITIVE_INFINITY
+    for (const row of state.table.values()) {
+      if (row.status === "pending" && row.visibleAt <= now && row.visibleAt < oldest) oldest = row.visibleAt
+    }
+    return oldest === Number.POSITIVE_INFINITY ? 0 : Math.max(0, (now - oldest) / 1000)
+  })
+
+const nextDueMs = (state: State) =>
+  op(state, "OutboxStore.nextDue", (now) => {
+    let first = Number.POSITIVE_INFINITY
+    for (const row of state.table.values()) {
+      if (row.status === "pending" && row.visibleAt < first) first = row.visibleAt
+    }
+    return first === Number.POSITIVE_INFINITY ? undefined : first - now
+  })
+
+// The SQL deletes in batches of `batchSize` until none is left; in memory one pass
+// deletes the same rows, and the count is the same.
+const purgeSent = (state: State) => (olderThanSeconds: number, _batchSize: number) =>
+  op(state, "OutboxStore.purgeSent", (now) => {
+    const cutoff = now - olderThanSeconds * 1000
+    let deleted = 0
+    for (const [id, row] of state.table) {
+      if (row.status === "sent" && row.publishedAt !== null && row.publishedAt < cutoff) {
+        state.table.delete(id)
+        deleted++
+      }
+    }
+    return deleted
+  })
+
+/** The test fixture `MemoryOutbox.enqueue`; `wake` is the store's, for the NOTIFY it stands in for. */
+const enqueue = (state: State, wake: () => void) => (rows: ReadonlyArray<MemoryOutboxInsert>) =>
+  Effect.clockWith((clock) =>
+    Effect.suspend(() => {
+      const now = clock.currentTimeMillisUnsafe()
+      const ids = new Set<string>()
+      for (const r of rows) {
+        // All or nothing, as one INSERT statement.
+        if (state.table.has(r.id) || ids.has(r.id)) {
+          return Effect.fail(
+            new StoreError({
+              reason: "constraint",
+              operation: "MemoryOutbox.enqueue",
+              cause: `duplicate outbox id ${r.id}`,
+            }),
+          )
+        }
+        ids.add(r.id)
+      }
+      for (const r of rows) {
+        state.table.set(r.id, {
+          seq: state.seq++,
+          id: r.id,
+          type: r.type,
+          version: r.version ?? 1,
+          payload: r.payload ?? "{}",
+          headers: { ...r.headers },
+          routingKey: r.routingKey ?? null,
+          partitionKey: r.partitionKey ?? null,
+          position: r.position ?? null,
+          tenantId: r.tenantId ?? null,
+          occurredAt: now,
+          status: "pending",
+          attempts: 0,
+          visibleAt: r.visibleAt ?? now,
+          lockToken: null,
+          lastError: null,
+          publishedAt: null,
+        })
+      }
+      if (rows.length > 0) wake()
+      return Effect.void
+    }),
+  )
+
 /** A fresh, empty outbox store: its handle, the store plus test controls. */
 export const make = (): Effect.Effect<MemoryOutbox> =>
   Effect.sync(() => {
-    // A Map keeps insertion order, which `rows()` reports.
-    const table = new Map<string, Row>()
-    let seq = 0
-    let down = false
-
-    /**
-     * One operation: the down check, then `f` with the `Clock`'s now in one
-     * synchronous step, so no other fiber interleaves (as one SQL statement).
-     */
-    const op = <A>(operation: string, f: (now: number) => A): Effect.Effect<A, StoreError> =>
-      Effect.clockWith((clock) =>
-        Effect.suspend(() =>
-          down
-            ? Effect.fail(new StoreError({ reason: "connection", operation, cause: "memory store is down" }))
-            : Effect.succeed(f(clock.currentTimeMillisUnsafe())),
-        ),
-      )
-
-    const { wake, wakeups } = makeWakeups(op)
-
-    const claim = (limit: number, leaseMs: number) =>
-      op("OutboxStore.claim", (now): Claim<OutboxMessage> => {
-        const token = uuidv7()
-        // An expired lease needs no special case: its row is pending with visibleAt <= now again.
-        const due = [...table.values()]
-          .filter((r) => r.status === "pending" && r.visibleAt <= now)
-          .sort(byDue)
-          .slice(0, Math.max(0, limit))
-        for (const row of due) {
-          row.lockToken = token
-          row.visibleAt = now + leaseMs
-        }
-        return { token, rows: due.map(toMessage) }
-      })
-
-    const mark = (token: string, marks: ReadonlyArray<OutboxMark>) =>
-      op("OutboxStore.mark", (now) => {
-        let changed = 0
-        for (const { id, verdict } of marks) {
-          const row = table.get(id)
-          // The token check is what keeps a relay whose lease ran out from settling another's claim.
-          if (row === undefined || row.lockToken !== token || row.status !== "pending") continue
-          if (verdict._tag === "Done") {
-            // lastError stays: the SQL keeps it (COALESCE) as a trace of earlier failures.
-            row.status = "sent"
-            row.publishedAt = now
-            row.lockToken = null
-          } else applyFailure(row, verdict, now)
-          changed++
-        }
-        return changed
-      })
-
-    const release = (token: string) =>
-      op("OutboxStore.release", (now) => {
-        let released = 0
-        for (const row of table.values()) {
-          if (row.lockToken !== token || row.status !== "pending") continue
-          row.lockToken = null
-          row.visibleAt = now
-          released++
-        }
-        return released
-      })
-
-    const extend = (token: string, leaseMs: number) =>
-      op("OutboxStore.extend", (now) => {
-        let extended = 0
-        for (const row of table.values()) {
-          if (row.lockToken !== token || row.status !== "pending") continue
-          row.visibleAt = now + leaseMs
-          extended++
-        }
-        return extended
-      })
-
-    const lagSeconds = op("OutboxStore.lag", (now) => {
-      let oldest = Number.POSITIVE_INFINITY
-      for (const row of table.values()) {
-        if (row.status === "pending" && row.visibleAt <= now && row.visibleAt < oldest) oldest = row.visibleAt
-      }
-      return oldest === Number.POSITIVE_INFINITY ? 0 : Math.max(0, (now - oldest) / 1000)
-    })
-
-    const nextDueMs = op("OutboxStore.nextDue", (now) => {
-      let first = Number.POSITIVE_INFINITY
-      for (const row of table.values()) {
-        if (row.status === "pending" && row.visibleAt < first) first = row.visibleAt
-      }
-      return first === Number.POSITIVE_INFINITY ? undefined : first - now
-    })
-
-    // The SQL deletes in batches of `batchSize` until none is left; in memory one pass
-    // deletes the same rows, and the count is the same.
-    const purgeSent = (olderThanSeconds: number, _batchSize: number) =>
-      op("OutboxStore.purgeSent", (now) => {
-        const cutoff = now - olderThanSeconds * 1000
-        let deleted = 0
-        for (const [id, row] of table) {
-          if (row.status === "sent" && row.publishedAt !== null && row.publishedAt < cutoff) {
-            table.delete(id)
-            deleted++
-          }
-        }
-        return deleted
-      })
-
-    const enqueue = (rows: ReadonlyArray<MemoryOutboxInsert>) =>
-      Effect.clockWith((clock) =>
-        Effect.suspend(() => {
-          const now = clock.currentTimeMillisUnsafe()
-          const ids = new Set<string>()
-          for (const r of rows) {
-            // All or nothing, as one INSERT statement.
-            if (table.has(r.id) || ids.has(r.id)) {
-              return Effect.fail(
-                new StoreError({
-                  reason: "constraint",
-                  operation: "MemoryOutbox.enqueue",
-                  cause: `duplicate outbox id ${r.id}`,
-                }),
-              )
-            }
-            ids.add(r.id)
-          }
-          for (const r of rows) {
-            table.set(r.id, {
-              seq: seq++,
-              id: r.id,
-              type: r.type,
-              version: r.version ?? 1,
-              payload: r.payload ?? "{}",
-              headers: { ...r.headers },
-              routingKey: r.routingKey ?? null,
-              partitionKey: r.partitionKey ?? null,
-              position: r.position ?? null,
-              tenantId: r.tenantId ?? null,
-              occurredAt: now,
-              status: "pending",
-              attempts: 0,
-              visibleAt: r.visibleAt ?? now,
-              lockToken: null,
-              lastError: null,
-              publishedAt: null,
-            })
-          }
-          if (rows.length > 0) wake()
-          return Effect.void
-        }),
-      )
-
+    const state: State = { table: new Map(), seq: 0, down: false }
+    const { wake, wakeups } = makeWakeups((operation, f) => op(state, operation, f))
     return {
-      store: { claim, mark, release, extend, lagSeconds, nextDueMs, purgeSent, wakeups },
-      enqueue,
-      rows: () => [...table.values()].map(snapshot),
+      store: {
+        claim: claim(state),
+        mark: mark(state),
+        release: release(state),
+        extend: extend(state),
+        lagSeconds: lagSeconds(state),
+        nextDueMs: nextDueMs(state),
+        purgeSent: purgeSent(state),
+        wakeups,
+      },
+      enqueue: enqueue(state, wake),
+      rows: () => [...state.table.values()].map(snapshot),
       setDown: (value: boolean) => {
-        down = value
+        state.down = value
       },
     } satisfies MemoryOutbox
   })

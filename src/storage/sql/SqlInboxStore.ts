@@ -29,6 +29,7 @@ import {
   type InboxTransaction,
   type InboxTransactionOptions,
   type OrderedDeadPolicy,
+  type RouteBinding,
 } from "../../ports/InboxStore.ts"
 import type { Claim } from "../../ports/lease.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
@@ -981,53 +982,81 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
   mark: prepare(db, markQuery, { consumer: "\0consumer", token: "\0token", failures: "\0failures" }),
 })
 
+/** The port's statements inside a handler's transaction, each bounded by the handler's time when given. */
+const inTransaction = (
+  q: InboxStatements,
+  // biome-ignore lint/suspicious/noExplicitAny: the service's own database type, as the port hands it out
+  trx: Transaction<any>,
+  options: InboxTransactionOptions = {},
+): InboxTransaction => {
+  const ms = options.statementTimeoutMs
+  const bound = ms === undefined ? null : String(Math.ceil(ms))
+  return {
+    trx,
+    insertProcessed: (row) =>
+      tryStore("InboxStore.insertProcessed", () =>
+        trx.executeQuery(q.insertProcessed({ ...row, bound })).then((r) => r.rows.length === 1),
+      ),
+    insertProcessedAll: (rows) => {
+      // The first of each key goes in; a later one of the same key is a duplicate of it.
+      const firsts = new Map<string, InboxRow>()
+      for (const row of rows) if (!firsts.has(row.key)) firsts.set(row.key, row)
+      return tryStore("InboxStore.insertProcessedAll", () =>
+        trx
+          .executeQuery(q.insertProcessedAll({ rows: storedRows([...firsts.values()].map(slim)), bound }))
+          .then((r) => {
+            const fresh = new Set(r.rows.map((x) => x.message_id))
+            return rows.map((row) => firsts.get(row.key) === row && fresh.has(row.key))
+          }),
+      )
+    },
+    markProcessedAll: (consumer, token, rows) =>
+      tryStore("InboxStore.markProcessedAll", () =>
+        trx.executeQuery(q.markProcessedAll({ consumer, token, rows: markedRows(rows), bound })).then((r) => {
+          const marked = new Set(r.rows.map((x) => x.message_id))
+          return rows.map((row) => marked.has(row.key))
+        }),
+      ),
+    markProcessed: (consumer, key, token, attempts) =>
+      tryStore("InboxStore.markProcessed", () =>
+        trx
+          .executeQuery(q.markProcessed({ consumer, key, token, attempts, bound }))
+          .then((r) => Number(r.rows[0]?.marked ?? 0) === 1),
+      ),
+  }
+}
+
+/** Records the consumer's policy and its queue's binding patterns; answers every pattern's bind time. */
+const recordBindings = async (
+  db: Kysely<TxboxDatabase>,
+  consumer: string,
+  patterns: ReadonlyArray<string>,
+  onOrderedDead: OrderedDeadPolicy,
+): Promise<ReadonlyArray<RouteBinding>> => {
+  await db
+    .insertInto("inbox_consumers")
+    .values({ consumer, on_ordered_dead: onOrderedDead })
+    .onConflict((oc) =>
+      oc.column("consumer").doUpdateSet({ on_ordered_dead: onOrderedDead, updated_at: sql<Date>`now()` }),
+    )
+    .execute()
+  const query = bindingsQuery(db, { consumer, patterns: JSON.stringify(patterns) })
+  // Another process recording the same pattern at the same moment makes this INSERT wait for
+  // it and then skip the row, which this statement's snapshot does not show yet: the next does.
+  for (let tries = 0; ; tries++) {
+    const rows = (await db.executeQuery(query)).rows
+    const found = new Set(rows.map((b) => b.pattern))
+    if (patterns.every((p) => found.has(p)) || tries === 2)
+      return rows.map((b) => ({ pattern: b.pattern, boundAtMs: Number(b.bound_at_ms) }))
+  }
+}
+
 export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(function* () {
   const database = yield* Database
   // Bound to txbox's schema once. Statements are compiled here and run on
   // whichever executor they belong to (the pool, or a handler's transaction).
   const db = (database.db as Kysely<TxboxDatabase>).withSchema(database.schema)
   const q = statements(db)
-
-  // biome-ignore lint/suspicious/noExplicitAny: the service's own database type, as the port hands it out
-  const inTransaction = (trx: Transaction<any>, options: InboxTransactionOptions = {}): InboxTransaction => {
-    const ms = options.statementTimeoutMs
-    const bound = ms === undefined ? null : String(Math.ceil(ms))
-    return {
-      trx,
-      insertProcessed: (row) =>
-        tryStore("InboxStore.insertProcessed", () =>
-          trx.executeQuery(q.insertProcessed({ ...row, bound })).then((r) => r.rows.length === 1),
-        ),
-      insertProcessedAll: (rows) => {
-        // The first of each key goes in; a later one of the same key is a duplicate of it.
-        const firsts = new Map<string, InboxRow>()
-        for (const row of rows) if (!firsts.has(row.key)) firsts.set(row.key, row)
-        return tryStore("InboxStore.insertProcessedAll", () =>
-          trx
-            .executeQuery(q.insertProcessedAll({ rows: storedRows([...firsts.values()].map(slim)), bound }))
-            .then((r) => {
-              const fresh = new Set(r.rows.map((x) => x.message_id))
-              return rows.map((row) => firsts.get(row.key) === row && fresh.has(row.key))
-            }),
-        )
-      },
-      markProcessedAll: (consumer, token, rows) =>
-        tryStore("InboxStore.markProcessedAll", () =>
-          trx
-            .executeQuery(q.markProcessedAll({ consumer, token, rows: markedRows(rows), bound }))
-            .then((r) => {
-              const marked = new Set(r.rows.map((x) => x.message_id))
-              return rows.map((row) => marked.has(row.key))
-            }),
-        ),
-      markProcessed: (consumer, key, token, attempts) =>
-        tryStore("InboxStore.markProcessed", () =>
-          trx
-            .executeQuery(q.markProcessed({ consumer, key, token, attempts, bound }))
-            .then((r) => Number(r.rows[0]?.marked ?? 0) === 1),
-        ),
-    }
-  }
 
   const insertRows = (
     operation: string,
@@ -1092,7 +1121,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
 
   return {
     transaction: (use, options) =>
-      withTransaction(database.db, (trx) => use(inTransaction(trx, options)), {
+      withTransaction(database.db, (trx) => use(inTransaction(q, trx, options)), {
         commitRefusesAborted: database.commitRefusesAborted === true,
       }),
     insertPending: (rows) =>
@@ -1136,26 +1165,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
         return back
       }),
     bindings: (consumer, patterns, onOrderedDead = "block") =>
-      tryStore("InboxStore.bindings", async () => {
-        await db
-          .insertInto("inbox_consumers")
-          .values({ consumer, on_ordered_dead: onOrderedDead })
-          .onConflict((oc) =>
-            oc
-              .column("consumer")
-              .doUpdateSet({ on_ordered_dead: onOrderedDead, updated_at: sql<Date>`now()` }),
-          )
-          .execute()
-        const query = bindingsQuery(db, { consumer, patterns: JSON.stringify(patterns) })
-        // Another process recording the same pattern at the same moment makes this INSERT wait for
-        // it and then skip the row, which this statement's snapshot does not show yet: the next does.
-        for (let tries = 0; ; tries++) {
-          const rows = (await db.executeQuery(query)).rows
-          const found = new Set(rows.map((b) => b.pattern))
-          if (patterns.every((p) => found.has(p)) || tries === 2)
-            return rows.map((b) => ({ pattern: b.pattern, boundAtMs: Number(b.bound_at_ms) }))
-        }
-      }),
+      tryStore("InboxStore.bindings", () => recordBindings(db, consumer, patterns, onOrderedDead)),
     // The trigger's channel (migration 0011), named by the database: its md5 is the one the trigger takes.
     wakeups: (consumer, onWake) =>
       Effect.flatMap(

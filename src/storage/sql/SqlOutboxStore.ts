@@ -19,6 +19,7 @@
 import { Effect, Layer } from "effect"
 import { type CompiledQuery, createQueryId, type Kysely, sql } from "kysely"
 import { uuidv7 } from "../../core/uuid.ts"
+import type { StoreError } from "../../Errors.ts"
 import { Database, notifyChannel } from "../../ports/Database.ts"
 import type { Claim } from "../../ports/lease.ts"
 import {
@@ -318,25 +319,31 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     return db.executeQuery(statement).then(affected)
   }
 
-  const claim = Effect.fnUntraced(function* (limit: number, leaseMs: number) {
+  // No generator (Effect.fnUntraced): once per cycle, and JavaScriptCore kept recompiling its body
+  // for as long as the relay ran (core/inboxConsumer.ts says more).
+  const claim = (limit: number, leaseMs: number): Effect.Effect<Claim<OutboxMessage>, StoreError> => {
     const token = uuidv7()
-    const rows = yield* tryStoreUndoable(
-      "OutboxStore.claim",
-      () => db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => r.rows),
-      // Given up on (interrupted, e.g. timed out), the statement may still run
-      // later: hand whatever it claims straight back rather than leave it to the lease.
-      (claimed) => {
-        claimed.then((rows) => (rows.length > 0 ? release(token, rows) : 0)).catch(() => 0)
+    return Effect.map(
+      tryStoreUndoable(
+        "OutboxStore.claim",
+        () => db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => r.rows),
+        // Given up on (interrupted, e.g. timed out), the statement may still run
+        // later: hand whatever it claims straight back rather than leave it to the lease.
+        (claimed) => {
+          claimed.then((rows) => (rows.length > 0 ? release(token, rows) : 0)).catch(() => 0)
+        },
+      ),
+      (rows) => {
+        const first = rows[0]
+        if (first !== undefined) {
+          // Claims that never reach a mark (a failed cycle) must not pile up: the per-row mark needs none.
+          if (leases.size >= MAX_LEASES) leases.clear()
+          leases.set(token, { until: first.lease_until, rows })
+        }
+        return { token, rows: rows.map(toMessage) }
       },
     )
-    const first = rows[0]
-    if (first !== undefined) {
-      // Claims that never reach a mark (a failed cycle) must not pile up: the per-row mark needs none.
-      if (leases.size >= MAX_LEASES) leases.clear()
-      leases.set(token, { until: first.lease_until, rows })
-    }
-    return { token, rows: rows.map(toMessage) } satisfies Claim<OutboxMessage>
-  })
+  }
 
   const mark = (token: string, marks: ReadonlyArray<OutboxMark>) => {
     const lease = leases.get(token)

@@ -11,30 +11,16 @@
  * which must not rename txbox's columns anyway.
  */
 import { Effect } from "effect"
-import { CompiledQuery, type Kysely, sql, type Transaction } from "kysely"
+import { CompiledQuery, type Kysely, sql } from "kysely"
 import { formatKeyRoutes, type KeyRoutes, withHeader } from "../../core/keyRoutes.ts"
 import { PARTITION_ROUTES_HEADER } from "../../core/position.ts"
-import type { StoreError } from "../../Errors.ts"
+import type { EnqueueRow, WriteOutbox } from "../../ports/OutboxWriter.ts"
 import type { PartitionPosition } from "../../ports/Transport.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
 import { classifyDbError } from "./errors.ts"
 
-/** One outbox row, its values as the statement binds them. */
-export interface OutboxValues {
-  readonly id: string
-  readonly type: string
-  readonly version: number
-  /** JSON text. */
-  readonly payload: string
-  /** JSON text of a string → string object. */
-  readonly headers: string
-  readonly routing_key: string | null
-  readonly partition_key: string | null
-  readonly tenant_id: string | null
-  /** An absolute due time; null: now() plus `delay_ms`. */
-  readonly visible_at: Date | null
-  /** Milliseconds after the database's now() (0: due at once); ignored when `visible_at` is set. */
-  readonly delay_ms: number
+/** One outbox row, its values as the statement binds them: the row enqueue gave, and its place in its key. */
+interface OutboxValues extends EnqueueRow {
   readonly partition_epoch: number | null
   readonly partition_seq: number | null
 }
@@ -217,20 +203,8 @@ const numberByKey = async (
   })
 }
 
-/** One validated outbox row as `Outbox.enqueue` builds it, before numbering. */
-export type EnqueueRow = Omit<OutboxValues, "partition_epoch" | "partition_seq">
-
-/**
- * Writes `rows` (at least one) into `schema`'s outbox through the caller's
- * executor: numbers the keyed rows, then one INSERT. `schema` must already be
- * a validated identifier.
- */
-export const writeOutbox = (
-  // biome-ignore lint/suspicious/noExplicitAny: enqueue joins whatever database the caller describes
-  executor: Kysely<any> | Transaction<any>,
-  schema: string,
-  rows: ReadonlyArray<EnqueueRow>,
-): Effect.Effect<void, StoreError> => {
+/** The `WriteOutbox` port in SQL: numbers the keyed rows, then one INSERT. */
+export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
   const keyed = rows.some((r) => r.partition_key !== null)
   const write = async (db: Kysely<TxboxDatabase>) => {
     const positions = keyed

@@ -169,20 +169,29 @@ const makePublish = (
       }),
     )
 
-  const publishBatch = (messages: ReadonlyArray<OutgoingMessage>, tracing: boolean) =>
-    Effect.gen(function* () {
-      if (messages.length === 0) return []
-      if (tracing) yield* Effect.annotateCurrentSpan("messaging.batch.message_count", messages.length)
-      const target = yield* publisher
-      const items = new Array<EncodeResult>(messages.length)
-      for (let i = 0; i < messages.length; i++) items[i] = encodeMessage(messages[i]!, config.source)
-      // Without a tracer no span per message: the stored traceparent (the producer's) goes as it is.
-      const spans = tracing ? yield* messageSpans(messages, items) : []
-      return yield* Effect.callback<ReadonlyArray<PublishOutcome>>((resume) => {
+  // Combinators, not Effect.gen: once per batch, and JavaScriptCore kept recompiling the generator
+  // body for as long as the relay ran (core/inboxConsumer.ts says more).
+  const publishBatch = (
+    messages: ReadonlyArray<OutgoingMessage>,
+    tracing: boolean,
+  ): Effect.Effect<ReadonlyArray<PublishOutcome>, TransportError> => {
+    if (messages.length === 0) return Effect.succeed([])
+    const items = new Array<EncodeResult>(messages.length)
+    for (let i = 0; i < messages.length; i++) items[i] = encodeMessage(messages[i]!, config.source)
+    const send = (target: ConfirmPublisher, spans: ReadonlyArray<Tracer.Span>) =>
+      Effect.callback<ReadonlyArray<PublishOutcome>>((resume) => {
         const batch = target.publish(config.exchange, items, (outcomes) => resume(Effect.succeed(outcomes)))
         return Effect.sync(() => target.abandon(batch))
       }).pipe(Effect.onExit((exit) => endSpans(spans, Exit.isSuccess(exit) ? exit.value : undefined)))
-    })
+    // Without a tracer no span per message: the stored traceparent (the producer's) goes as it is.
+    if (!tracing) return Effect.flatMap(publisher, (target) => send(target, []))
+    return Effect.annotateCurrentSpan("messaging.batch.message_count", messages.length).pipe(
+      Effect.andThen(publisher),
+      Effect.flatMap((target) =>
+        Effect.flatMap(messageSpans(messages, items), (spans) => send(target, spans)),
+      ),
+    )
+  }
 
   // A CLIENT span for the batch (its messages' own spans are the PRODUCER ones).
   const span = {

@@ -27,9 +27,11 @@ export const processDelivery = (
   generation: Generation,
   message: ConsumeMessage,
 ): Effect.Effect<void> =>
-  Effect.gen(function* () {
+  // Combinators, not Effect.gen: once per delivery, and JavaScriptCore kept recompiling the
+  // generator body for as long as the consumer ran (core/inboxConsumer.ts says more).
+  Effect.suspend(() => {
     const delivery = decodeDelivery(message)
-    const decision = yield* Effect.suspend(() => options.handle(delivery)).pipe(
+    return Effect.suspend(() => options.handle(delivery)).pipe(
       Effect.catchCause((cause) =>
         // Interrupted handlers stay unsettled; the broker redelivers them.
         Cause.hasInterruptsOnly(cause)
@@ -38,9 +40,13 @@ export const processDelivery = (
               Effect.as(DEFECT_RETRY),
             ),
       ),
+      Effect.flatMap((decision) => {
+        if (decision._tag !== "Ack")
+          return retry(options.retry, generation, message, delivery.attempt, decision)
+        ack(generation, message)
+        return Effect.void
+      }),
     )
-    if (decision._tag === "Ack") ack(generation, message)
-    else yield* retry(options.retry, generation, message, delivery.attempt, decision)
   })
 
 /** A message the broker dead-lettered: the consumer records it; while it cannot, it stays in the dead queue. */
