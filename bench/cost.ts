@@ -15,7 +15,7 @@
 // The whole matrix runs `--rounds` times (hand and txbox back to back in each cell); the tables
 // show medians, the JSON every run.
 //
-//   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 2] [--loads max,250,1000] [--topologies 1+1,2+2]
+//   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 6] [--loads max,250,1000] [--topologies 1+1,2+2]
 //                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
 import { execFileSync } from "node:child_process"
 import { readFileSync } from "node:fs"
@@ -84,11 +84,13 @@ const config = {
   /** Seconds the producer runs (flat out or at the offered rate). */
   seconds: args.number("seconds", quick ? 1.5 : 10),
   /**
-   * Seconds of the same load before the measured run, drained before the clock starts: every
-   * party's JIT is warm (a cold start put txbox's first second at the top of the p99), as in a
-   * service that has run a while.
+   * Seconds flat out before the measured run, whatever its load, drained before the clock starts:
+   * every party's JIT has compiled its hot paths, as in a service that has run a while. (At the
+   * offered load a 2 s warm-up left JavaScriptCore compiling through the whole measured window:
+   * at 1,000 msg/s txbox's inbox still spent a tenth of its CPU in its compiler threads after a
+   * minute, most of it at the top tier, which a function reaches only after many calls.)
    */
-  warmupSeconds: args.number("warmup", quick ? 0.3 : 2),
+  warmupSeconds: args.number("warmup", quick ? 0.3 : 6),
   /** Pooled connections of the producer process: its loops flat out, its most in flight at a rate. */
   connections: args.number("connections", 4),
   drainTimeoutMs: args.number("drain-timeout", quick ? 60 : 300) * 1000,
@@ -447,7 +449,7 @@ async function runOnce(
     const rate = load === "max" ? 0 : load
     let warmed = 0
     if (config.warmupSeconds > 0) {
-      producer.send(JSON.stringify({ cmd: "run", run: 0, mode, rate, seconds: config.warmupSeconds }))
+      producer.send(JSON.stringify({ cmd: "run", run: 0, mode, rate: 0, seconds: config.warmupSeconds }))
       const warm = await producer.waitFor(
         `${label}: the warm-up`,
         (line) => line.event === "done" && line.run === 0,
