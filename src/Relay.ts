@@ -15,6 +15,7 @@ import { bounded } from "./core/bounded.ts"
 import * as config from "./core/config.ts"
 import { isLive, makeLoopState, runLeaseLoop } from "./core/leaseLoop.ts"
 import {
+  type Lag,
   lagProbe,
   makeRelayCounters,
   type RelaySettings,
@@ -22,6 +23,7 @@ import {
   retentionPass,
 } from "./core/relayCycle.ts"
 import { makeSignal } from "./core/signal.ts"
+import { uuidv7 } from "./core/uuid.ts"
 import type { ConfigError } from "./Errors.ts"
 import { OutboxStore } from "./ports/OutboxStore.ts"
 import { Transport } from "./ports/Transport.ts"
@@ -43,8 +45,9 @@ export interface RelayConfig {
   readonly outageRetry?: Partial<RetryPolicy>
   /**
    * In-process retention: every `every`, delete sent rows published more than
-   * `olderThan` ago, `batchSize` rows per statement. Safe with several relays
-   * (each batch locks with SKIP LOCKED). Pending and dead rows are never deleted.
+   * `olderThan` ago, `batchSize` rows per statement. With several relay processes one at a
+   * time runs it (a lease row, handed on within `3 × every` when its holder dies). Pending and
+   * dead rows are never deleted.
    * @default off
    */
   readonly retention?: {
@@ -82,8 +85,13 @@ export interface RelayHealth {
   readonly brokerConnected: boolean
   /** When a worker's loop last ended a cycle (succeeded or failed); undefined before the first. */
   readonly lastCycleAt: Date | undefined
-  /** Age of the oldest due, unpublished message, measured every few seconds. */
+  /**
+   * Age of the oldest due, unpublished message, measured every few seconds by one relay process at
+   * a time (the one holding the lag probe's lease: `lagMeasured`); 0 in the others.
+   */
   readonly lagSeconds: number
+  /** Whether this process measures the lag now (one relay process at a time does). */
+  readonly lagMeasured: boolean
   /** The loop's last failure, cleared by its next successful cycle. */
   readonly lastError: string | undefined
 }
@@ -157,7 +165,9 @@ export const make = (
     const transport = yield* Transport
     const counters = makeRelayCounters()
     const state = makeLoopState()
-    const lag = { seconds: 0 }
+    const lag: Lag = { seconds: 0, measured: false }
+    // This process, to the housekeeping leases: the lag probe and retention run in one process at a time.
+    const holder = uuidv7()
     const wake = makeSignal()
     yield* store
       .wakeups(wake.notify)
@@ -189,11 +199,14 @@ export const make = (
     }
     for (let i = 0; i < c.workers; i++) yield* Effect.forkScoped(runLeaseLoop(loop))
     const lagEvery = Math.max(1000, Math.min(c.pollMs * 5, 5000))
-    yield* Effect.forkScoped(Effect.repeat(lagProbe(store, lag), Schedule.spaced(lagEvery)))
+    yield* Effect.forkScoped(Effect.repeat(lagProbe(store, lag, holder, lagEvery), Schedule.spaced(lagEvery)))
     if (c.retention) {
       const { olderThanSeconds, everyMs, batchSize } = c.retention
       yield* Effect.forkScoped(
-        Effect.repeat(retentionPass(store, olderThanSeconds, batchSize), Schedule.spaced(everyMs)),
+        Effect.repeat(
+          retentionPass(store, olderThanSeconds, batchSize, holder, everyMs),
+          Schedule.spaced(everyMs),
+        ),
       )
     }
 
@@ -211,6 +224,7 @@ export const make = (
         brokerConnected,
         lastCycleAt: date(state.lastCycleAt),
         lagSeconds: lag.seconds,
+        lagMeasured: lag.measured,
         lastError: state.lastError,
       } satisfies RelayHealth
     })

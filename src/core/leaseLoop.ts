@@ -3,7 +3,8 @@
  * inbox's processor. A cycle claims a batch under a lease, works on it and
  * records the verdicts; the loop decides when to run the next one:
  *
- * - a full batch means more is waiting: go again at once (after yielding);
+ * - a full batch means more is waiting: go again at once (after yielding),
+ *   and wake one idle worker of the process to help (a NOTIFY wakes one);
  * - with `relookMs`: after a cycle that claimed rows, look again every
  *   `relookMs` for `hotMs` (producers skip their wake-up while a loop is this
  *   warm: migration 0007), then after twice that, four times … while less
@@ -43,6 +44,11 @@ export interface LoopState {
   lastError: string | undefined
   /** Failures since the last success. */
   consecutiveFailures: number
+  /**
+   * The worker that makes the follow-up looks after a cycle that claimed rows: one per process,
+   * however many workers share this state (the others wait for a wake-up or the poll).
+   */
+  relooker: object | undefined
 }
 
 export const makeLoopState = (): LoopState => ({
@@ -50,6 +56,7 @@ export const makeLoopState = (): LoopState => ({
   lastSuccessAt: undefined,
   lastError: undefined,
   consecutiveFailures: 0,
+  relooker: undefined,
 })
 
 export interface LeaseLoop<E extends { readonly message: string; readonly retryable: boolean }> {
@@ -161,6 +168,8 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   const fewRows = loop.fewRows ?? 0
   // The wait after the last look that claimed rows: relookMs, or twice that after a small batch.
   let hotWait = relookMs
+  // This worker, as `state.relooker` names it.
+  const self = {}
   // When the last cycle ended: a wake-up within relookMs of it waits for the rest.
   let lastEnd = 0
   // Polls fall on this time plus whole poll intervals (the last cycle that claimed rows): the
@@ -188,7 +197,11 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
     )
   }
   const pause = (claimed: number): Effect.Effect<void> => {
-    if (claimed >= loop.batchSize) return Effect.yieldNow
+    if (claimed >= loop.batchSize) {
+      // More is waiting than one worker takes at a time: the next idle worker helps.
+      loop.wake.nudge()
+      return Effect.yieldNow
+    }
     if (relookMs === 0) return Effect.flatMap(untilDue(loop.pollMs), loop.wake.wait)
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
       lastEnd = now
@@ -198,12 +211,21 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
         warmUntil = now + warmMs
         nextRelookMs = relookMs * 2
         hotWait = claimed < fewRows ? relookMs * 2 : relookMs
+        // The worker that claimed rows last looks again: its publish is what makes producers skip
+        // their wake-up (migration 0007), so its looks must follow.
+        state.relooker = self
       }
       anchor ??= now
       const sinceTick = (now - anchor) % loop.pollMs
       const toPoll = loop.pollMs - sinceTick
-      if (now < hotUntil) return Effect.sleep(Math.min(hotWait, toPoll))
-      if (now >= warmUntil) return Effect.flatMap(untilDue(toPoll), awoken)
+      // Follow-up looks are one worker's job: W workers looking every relookMs found the same rows W
+      // times over, or nothing (issue #25). The others wait for a wake-up, a nudge or the poll.
+      const relooking = state.relooker === self
+      if (relooking && now < hotUntil) return Effect.sleep(Math.min(hotWait, toPoll))
+      if (!relooking || now >= warmUntil) {
+        if (relooking) state.relooker = undefined
+        return Effect.flatMap(untilDue(toPoll), awoken)
+      }
       const wait = Math.min(nextRelookMs, toPoll)
       nextRelookMs *= 2
       return Effect.flatMap(untilDue(wait), awoken)

@@ -209,19 +209,64 @@ export const relayCycle = (
   }).pipe(spanned("Relay.batch", { root: true }))
 }
 
-/** Keeps `lag.seconds` (the age of the oldest due message) fresh; an index-first-entry read, cheap every few seconds. */
-export const lagProbe = (store: OutboxStoreShape, lag: { seconds: number }) =>
-  Effect.gen(function* () {
-    lag.seconds = yield* store.lagSeconds
-    yield* Metric.update(Metrics.outboxLag, lag.seconds)
+/**
+ * Whether this process runs housekeeping task `task` now (`OutboxStore.holdTask`): one relay
+ * process at a time does, whichever holds the task's lease; with a store that has no leases, all.
+ * A store that cannot answer says no: the task waits for the next round.
+ */
+const holding = (store: OutboxStoreShape, task: string, holder: string, ttlMs: number) =>
+  store.holdTask === undefined
+    ? Effect.succeed(true)
+    : store.holdTask(task, holder, ttlMs).pipe(Effect.orElseSucceed(() => false))
+
+/** What the lag probe knows: the age of the oldest due message, and whether this process measures it. */
+export interface Lag {
+  seconds: number
+  measured: boolean
+}
+
+/**
+ * Keeps `lag.seconds` (the age of the oldest due message) fresh: an index-first-entry read, every
+ * few seconds, by the one relay process that holds the `outbox.lag` task. A process that does not
+ * (or no longer does) reports 0 and leaves the gauge at 0, so a dashboard's max over processes is
+ * the holder's figure, never a stale one.
+ */
+export const lagProbe = (store: OutboxStoreShape, lag: Lag, holder: string, everyMs: number) =>
+  Effect.flatMap(holding(store, "outbox.lag", holder, everyMs * 3), (mine) => {
+    if (!mine) {
+      if (!lag.measured) return Effect.void
+      lag.measured = false
+      lag.seconds = 0
+      return Metric.update(Metrics.outboxLag, 0)
+    }
+    return Effect.flatMap(store.lagSeconds, (seconds) => {
+      lag.seconds = seconds
+      lag.measured = true
+      return Metric.update(Metrics.outboxLag, seconds)
+    })
   }).pipe(Effect.ignore)
 
-/** One retention pass: sent rows older than `olderThanSeconds`, in batches that never make a relay wait. */
-export const retentionPass = (store: OutboxStoreShape, olderThanSeconds: number, batchSize: number) =>
-  store.purgeSent(olderThanSeconds, batchSize).pipe(
-    Effect.tap((deleted) =>
-      deleted > 0 ? Effect.logInfo(`relay retention: deleted ${deleted} sent outbox rows`) : Effect.void,
-    ),
-    Effect.catch((e: StoreError) => Effect.logWarning(`relay retention: ${e.message}`)),
-    Effect.withSpan("Relay.retention", { root: true }),
-  )
+/**
+ * One retention pass: sent rows older than `olderThanSeconds`, in batches that never make a relay
+ * wait; by the one relay process that holds the `outbox.retention` task (its lease outlives a few
+ * passes, so a holder that died hands it on within `3 × everyMs`).
+ */
+export const retentionPass = (
+  store: OutboxStoreShape,
+  olderThanSeconds: number,
+  batchSize: number,
+  holder: string,
+  everyMs: number,
+) =>
+  Effect.flatMap(holding(store, "outbox.retention", holder, everyMs * 3), (mine) =>
+    mine
+      ? store.purgeSent(olderThanSeconds, batchSize).pipe(
+          Effect.tap((deleted) =>
+            deleted > 0
+              ? Effect.logInfo(`relay retention: deleted ${deleted} sent outbox rows`)
+              : Effect.void,
+          ),
+          Effect.catch((e: StoreError) => Effect.logWarning(`relay retention: ${e.message}`)),
+        )
+      : Effect.void,
+  ).pipe(Effect.withSpan("Relay.retention", { root: true }))

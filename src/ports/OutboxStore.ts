@@ -84,6 +84,14 @@ export interface OutboxStoreShape {
    */
   readonly purgeSent: (olderThanSeconds: number, batchSize: number) => Effect.Effect<number, StoreError>
   /**
+   * Whether `holder` holds the housekeeping task `task` now: taken when free or
+   * when its holder's lease ran out, renewed when `holder` already holds it,
+   * for `ttlMs` from now. The relay runs its lag probe and its retention only
+   * while it holds them, so one process at a time does each, however many run.
+   * Optional: without it every relay runs them.
+   */
+  readonly holdTask?: (task: string, holder: string, ttlMs: number) => Effect.Effect<boolean, StoreError>
+  /**
    * Calls `onWake` when new messages may be due (a NOTIFY on commit), until the
    * scope closes. Only shortens latency: it may call spuriously or never, and
    * polling alone must stay correct.

@@ -159,6 +159,13 @@ export interface MigrationsTable {
   applied_at: Generated<Date>
 }
 
+/** `housekeeping_leases` (migration 0012): one row per task, held by one process at a time. */
+export interface HousekeepingLeasesTable {
+  task: string
+  holder: string
+  held_until: Date
+}
+
 /** txbox's tables, unqualified; the store binds them to the configured schema with `withSchema`. */
 export interface TxboxDatabase {
   /** Messages enqueued for the relay to publish. */
@@ -173,6 +180,8 @@ export interface TxboxDatabase {
   inbox_consumers: InboxConsumersTable
   /** Per partition key, the counter enqueue numbers messages from. */
   partition_counters: PartitionCountersTable
+  /** Which process runs each housekeeping task (the lag probe, retention), until when. */
+  housekeeping_leases: HousekeepingLeasesTable
   /** The migrations applied. */
   txbox_migrations: MigrationsTable
 }

@@ -51,6 +51,7 @@ describe("migrations", () => {
     const result = await Effect.runPromise(migrate(db, { schema: "first" }))
     expect(result.applied.map((m) => m.version)).toEqual(migrations.map((m) => m.version))
     expect(await tablesIn("first")).toEqual([
+      "housekeeping_leases",
       "inbox",
       "inbox_bindings",
       "inbox_consumers",
@@ -74,6 +75,7 @@ describe("migrations", () => {
     const applied = outputs.map((o) => JSON.parse(o) as number[])
     expect(applied.flat().sort((a, b) => a - b)).toEqual(migrations.map((m) => m.version))
     expect(await tablesIn("racing")).toEqual([
+      "housekeeping_leases",
       "inbox",
       "inbox_bindings",
       "inbox_consumers",

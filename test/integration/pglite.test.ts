@@ -66,6 +66,7 @@ describe("PGlite store", () => {
       db,
     )
     expect(tables.rows.map((r) => r.table_name)).toEqual([
+      "housekeeping_leases",
       "inbox",
       "inbox_bindings",
       "inbox_consumers",

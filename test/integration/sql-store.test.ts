@@ -32,6 +32,7 @@ const SCHEMA = "txbox"
 const outbox = sql.id(SCHEMA, "outbox")
 const inbox = sql.id(SCHEMA, "inbox")
 const cursors = sql.id(SCHEMA, "inbox_cursors")
+const leases = sql.id(SCHEMA, "housekeeping_leases")
 
 /** A database the contract runs on: the harness's own connection, and the store under test over it. */
 interface Backend {
@@ -79,6 +80,7 @@ const empty = async (db: Kysely<any>): Promise<void> => {
   await sql`DELETE FROM ${outbox}`.execute(db)
   await sql`DELETE FROM ${inbox}`.execute(db)
   await sql`DELETE FROM ${cursors}`.execute(db)
+  await sql`DELETE FROM ${leases}`.execute(db)
 }
 
 const outboxHarness = async (backend: Backend): Promise<OutboxHarness> => {
@@ -125,7 +127,13 @@ const outboxHarness = async (backend: Backend): Promise<OutboxHarness> => {
         }),
       )
     },
-    advance: time.advance,
+    advance: async (ms) => {
+      await time.advance(ms)
+      // The housekeeping leases run out on the same clock.
+      await sql`UPDATE ${leases} SET held_until = held_until - ${ms}::int * interval '1 millisecond'`.execute(
+        db,
+      )
+    },
     now: time.now,
     dispose: () => runtime.dispose(),
   }

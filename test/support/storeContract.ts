@@ -424,6 +424,21 @@ export const outboxStoreContract = (name: string, setup: () => Promise<OutboxHar
       expect(await store((s) => s.lagSeconds)).toBe(0)
     })
 
+    test("a housekeeping task is held by one holder at a time, renewed by it, taken over when its lease ran out", async () => {
+      const hold = (holder: string, ttlMs: number) =>
+        store((s) => (s.holdTask ? s.holdTask("outbox.lag", holder, ttlMs) : Effect.succeed(true)))
+      expect(await hold("a", SHORT)).toBe(true)
+      expect(await hold("b", SHORT)).toBe(false)
+      // Renewed by its holder; another task is free.
+      expect(await hold("a", SHORT)).toBe(true)
+      expect(
+        await store((s) => (s.holdTask ? s.holdTask("outbox.retention", "b", SHORT) : Effect.succeed(true))),
+      ).toBe(true)
+      await harness().advance(SHORT * 2)
+      expect(await hold("b", SHORT)).toBe(true)
+      expect(await hold("a", SHORT)).toBe(false)
+    })
+
     test("purgeSent deletes messages sent before the cutoff, never pending or dead ones", async () => {
       const [old, recent, pending, deadId] = [uuidv7(), uuidv7(), uuidv7(), uuidv7()]
       await harness().insert([old, recent, pending, deadId].map((id) => ({ id, dueInMs: -10_000 })))

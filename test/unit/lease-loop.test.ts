@@ -18,6 +18,8 @@ const cycleTimes = (
     fewRows?: number
     warmMs?: number
     notifyAt?: ReadonlyArray<number>
+    /** Workers sharing the loop (its state and wake-up), as a relay's do. @default 1 */
+    workers?: number
   } = {},
 ) =>
   Effect.runPromise(
@@ -29,26 +31,27 @@ const cycleTimes = (
         times.push(yield* Clock.currentTimeMillis)
         return script[i++] ?? 0
       })
-      const fiber = yield* Effect.forkChild(
-        runLeaseLoop({
-          name: "test",
-          cycle,
-          batchSize: 100,
-          pollMs: 1000,
-          ...(options.relookMs === undefined ? {} : { relookMs: options.relookMs }),
-          ...(options.hotMs === undefined ? {} : { hotMs: options.hotMs }),
-          ...(options.fewRows === undefined ? {} : { fewRows: options.fewRows }),
-          ...(options.warmMs === undefined ? {} : { warmMs: options.warmMs }),
-          outage: defaultRetryPolicy,
-          wake,
-          state: makeLoopState(),
-        }),
-      )
+      const loop = {
+        name: "test",
+        cycle,
+        batchSize: 100,
+        pollMs: 1000,
+        ...(options.relookMs === undefined ? {} : { relookMs: options.relookMs }),
+        ...(options.hotMs === undefined ? {} : { hotMs: options.hotMs }),
+        ...(options.fewRows === undefined ? {} : { fewRows: options.fewRows }),
+        ...(options.warmMs === undefined ? {} : { warmMs: options.warmMs }),
+        outage: defaultRetryPolicy,
+        wake,
+        state: makeLoopState(),
+      }
+      const fibers = []
+      for (let w = 0; w < (options.workers ?? 1); w++)
+        fibers.push(yield* Effect.forkChild(runLeaseLoop(loop)))
       for (let t = 0; t < forMs; t += 5) {
         if (options.notifyAt?.includes(t)) wake.notify()
         yield* TestClock.adjust(5)
       }
-      yield* Fiber.interrupt(fiber)
+      for (const fiber of fibers) yield* Fiber.interrupt(fiber)
       return times
     }).pipe(Effect.provide(TestClock.layer())),
   )
@@ -95,6 +98,19 @@ test("a look that finds rows starts the doubling again from relookMs", async () 
   const times = await cycleTimes([5, 0, 0, 3], 400, { relookMs: 10, warmMs: 1000 })
   // 0 claims 5; +10 and +30 find nothing; +70 finds 3: next looks +10, +30, +70, +150, +310 after it.
   expect(times).toEqual([0, 10, 30, 70, 80, 100, 140, 220, 380])
+})
+
+test("two workers: one makes the follow-up looks, the other waits for the poll", async () => {
+  // Both claim rows at 0 and look again at +10 (each was the last to claim when it decided); from
+  // then on only the one that claimed last looks (+30, +70 …), not both: two workers looking found
+  // the same rows twice over, or nothing.
+  const times = await cycleTimes([5, 5], 1_500, { relookMs: 10, warmMs: 1000, workers: 2 })
+  expect(times).toEqual([0, 0, 10, 10, 30, 70, 150, 310, 630, 1000, 1000])
+})
+
+test("a NOTIFY wakes one of two idle workers", async () => {
+  const times = await cycleTimes([], 600, { relookMs: 10, warmMs: 1000, notifyAt: [400], workers: 2 })
+  expect(times).toEqual([0, 0, 400])
 })
 
 test("a NOTIFY cuts any wait short", async () => {

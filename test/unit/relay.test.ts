@@ -328,6 +328,68 @@ describe("relay loop", () => {
     ))
 })
 
+describe("housekeeping in one process at a time", () => {
+  test("of two relays on one outbox, one measures the lag; the other takes over when the first stops", () =>
+    run(
+      Effect.gen(function* () {
+        const outbox = yield* MemoryOutboxStore.make()
+        const broker = brokerFor()
+        // Due 30 s ago and never published while the broker is away: a lag to measure.
+        const now = yield* TestClockNow
+        yield* outbox.enqueue([{ id: uuidv7(), type: TYPE, visibleAt: now - 30_000 }])
+        broker.setFaults({ down: true })
+        const first = yield* startRelay(outbox.store, broker.transport)
+        const second = yield* startRelay(outbox.store, broker.transport)
+        yield* TestClock.adjust("5 seconds")
+        yield* settle
+        const a = yield* first.handle.health
+        const b = yield* second.handle.health
+        expect([a.lagMeasured, b.lagMeasured]).toEqual([true, false])
+        expect(a.lagSeconds).toBeGreaterThanOrEqual(30)
+        expect(b.lagSeconds).toBe(0)
+        // The holder stops; its lease (3 probe intervals) runs out and the other relay probes.
+        yield* first.stop
+        for (let i = 0; i < 4; i++) {
+          yield* TestClock.adjust("5 seconds")
+          yield* settle
+        }
+        const after = yield* second.handle.health
+        expect(after.lagMeasured).toBe(true)
+        expect(after.lagSeconds).toBeGreaterThanOrEqual(45)
+        yield* second.stop
+      }),
+    ))
+
+  test("retention runs in one relay process at a time", () =>
+    run(
+      Effect.gen(function* () {
+        const outbox = yield* MemoryOutboxStore.make()
+        const broker = brokerFor()
+        let purges = 0
+        const store: OutboxStoreShape = {
+          ...outbox.store,
+          purgeSent: (olderThan, batch) =>
+            Effect.andThen(
+              Effect.sync(() => {
+                purges++
+              }),
+              outbox.store.purgeSent(olderThan, batch),
+            ),
+        }
+        const retention = { olderThan: "1 hour", every: "1 minute" } as const
+        yield* startRelay(store, broker.transport, { ...base, retention })
+        yield* startRelay(store, broker.transport, { ...base, retention })
+        yield* startRelay(store, broker.transport, { ...base, retention })
+        for (let i = 0; i < 5; i++) {
+          yield* TestClock.adjust("1 minute")
+          yield* settle
+        }
+        // Three relays, six passes each (one at start, one a minute): one of them purges.
+        expect(purges).toBe(6)
+      }),
+    ))
+})
+
 describe("relay config", () => {
   const bad: ReadonlyArray<[string, Relay.RelayConfig]> = [
     ["relay lease", { lease: "soon" as never }],

@@ -113,6 +113,8 @@ interface State {
   seq: number
   /** Set by `setDown`: every port operation fails while it is. */
   down: boolean
+  /** Housekeeping tasks: who holds each, until when (ms on the `Clock`). */
+  readonly tasks: Map<string, { holder: string; until: number }>
 }
 
 /**
@@ -217,6 +219,15 @@ const purgeSent = (state: State) => (olderThanSeconds: number, _batchSize: numbe
     return deleted
   })
 
+// The lease row of migration 0012: taken when free or expired, renewed by its holder.
+const holdTask = (state: State) => (task: string, holder: string, ttlMs: number) =>
+  op(state, "OutboxStore.holdTask", (now) => {
+    const held = state.tasks.get(task)
+    if (held !== undefined && held.holder !== holder && held.until >= now) return false
+    state.tasks.set(task, { holder, until: now + ttlMs })
+    return true
+  })
+
 /** The test fixture `MemoryOutbox.enqueue`; `wake` is the store's, for the NOTIFY it stands in for. */
 const enqueue = (state: State, wake: () => void) => (rows: ReadonlyArray<MemoryOutboxInsert>) =>
   Effect.clockWith((clock) =>
@@ -265,7 +276,7 @@ const enqueue = (state: State, wake: () => void) => (rows: ReadonlyArray<MemoryO
 /** A fresh, empty outbox store: its handle, the store plus test controls. */
 export const make = (): Effect.Effect<MemoryOutbox> =>
   Effect.sync(() => {
-    const state: State = { table: new Map(), seq: 0, down: false }
+    const state: State = { table: new Map(), seq: 0, down: false, tasks: new Map() }
     const { wake, wakeups } = makeWakeups((operation, f) => op(state, operation, f))
     return {
       store: {
@@ -276,6 +287,7 @@ export const make = (): Effect.Effect<MemoryOutbox> =>
         lagSeconds: lagSeconds(state),
         nextDueMs: nextDueMs(state),
         purgeSent: purgeSent(state),
+        holdTask: holdTask(state),
         wakeups,
       },
       enqueue: enqueue(state, wake),

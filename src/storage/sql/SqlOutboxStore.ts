@@ -237,6 +237,36 @@ export const nextDueQuery = (db: Kysely<TxboxDatabase>): CompiledQuery<{ due: nu
     .where("status", "=", pending)
     .compile()
 
+/**
+ * Takes or renews housekeeping task `task` for `holder` (migration 0012): the
+ * row comes back only when `holder` holds it now, i.e. it was free, its lease
+ * ran out, or `holder` held it already. Runs every few seconds at most, so it
+ * is compiled per call.
+ */
+export const holdTaskQuery = (
+  db: Kysely<TxboxDatabase>,
+  { task, holder, ttlMs }: { readonly task: string; readonly holder: string; readonly ttlMs: number },
+): CompiledQuery<{ holder: string }> =>
+  db
+    .insertInto("housekeeping_leases")
+    .values({ task, holder, held_until: nowPlusMs(Math.ceil(ttlMs)) })
+    .onConflict((oc) =>
+      oc
+        .column("task")
+        .doUpdateSet((eb) => ({
+          holder: eb.ref("excluded.holder"),
+          held_until: eb.ref("excluded.held_until"),
+        }))
+        .where((eb) =>
+          eb.or([
+            eb("housekeeping_leases.holder", "=", eb.ref("excluded.holder")),
+            eb("housekeeping_leases.held_until", "<", now),
+          ]),
+        ),
+    )
+    .returning("holder")
+    .compile()
+
 /** The statements of one store, each compiled once for its schema. */
 export interface OutboxStatements {
   readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimedRow>
@@ -405,6 +435,10 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     lagSeconds,
     nextDueMs,
     purgeSent,
+    holdTask: (task, holder, ttlMs) =>
+      tryStore("OutboxStore.holdTask", () =>
+        db.executeQuery(holdTaskQuery(db, { task, holder, ttlMs })).then((r) => r.rows.length === 1),
+      ),
     wakeups: (onWake) => database.listen(notifyChannel(database.schema, "outbox"), onWake),
   } satisfies OutboxStoreShape
 })
