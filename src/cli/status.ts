@@ -1,6 +1,6 @@
 /** `txbox status`: how far behind the relay is, what is dead, per type, tenant and inbox consumer. */
 import { Effect } from "effect"
-import { Command } from "effect/cli"
+import { Command, Flag } from "effect/cli"
 import * as opsSql from "../storage/sql/operations.ts"
 import { connectionFlags, jsonFlag, withDatabase } from "./options.ts"
 import { oneLine, print, printJson, table } from "./output.ts"
@@ -9,12 +9,15 @@ import { formatAge } from "./parse.ts"
 const COUNTS = ["PENDING", "DUE", "IN FLIGHT", "DEAD", "SENT", "LAG"]
 const RIGHT = ["left", "right", "right", "right", "right", "right", "right"] as const
 
-const countCells = (c: opsSql.OutboxCounts) => [
+/** A count, `~n` when estimated, `-` when not counted (an estimated table's per-type rows). */
+const count = (n: number | null, estimated = false) => (n === null ? "-" : estimated ? `~${n}` : String(n))
+
+const countCells = (c: opsSql.OutboxCounts, estimated = false) => [
   String(c.pending),
   String(c.due),
   String(c.in_flight),
   String(c.dead),
-  String(c.sent),
+  count(c.sent, estimated),
   formatAge(c.lag_seconds),
 ]
 
@@ -34,7 +37,9 @@ export const render = (
   inbox: ReadonlyArray<opsSql.InboxConsumerStatus>,
   keys: ReadonlyArray<opsSql.WaitingKey> = [],
 ): string => {
-  const parts = [table([`OUTBOX (${schema})`, ...COUNTS], [["all", ...countCells(outbox.total)]], RIGHT)]
+  const parts = [
+    table([`OUTBOX (${schema})`, ...COUNTS], [["all", ...countCells(outbox.total, outbox.estimated)]], RIGHT),
+  ]
   if (outbox.by_type.length > 0) {
     parts.push(
       table(
@@ -61,7 +66,7 @@ export const render = (
           inbox.map((c) => [
             c.consumer,
             String(c.pending),
-            String(c.processed),
+            count(c.processed),
             String(c.dead),
             formatAge(c.oldest_pending_age_seconds),
           ]),
@@ -84,17 +89,30 @@ export const render = (
       ),
     )
   }
+  if (outbox.estimated || inbox.some((c) => c.processed === null))
+    parts.push(
+      "Large tables: sent and processed rows are estimated from the table statistics (~) or not counted (-); --exact-up-to raises the limit.",
+    )
   return parts.join("\n\n")
 }
 
 export const command = Command.make(
   "status",
-  { connection: connectionFlags, json: jsonFlag },
-  ({ connection, json }) =>
+  {
+    connection: connectionFlags,
+    json: jsonFlag,
+    exactUpTo: Flag.Int("exact-up-to").pipe(
+      Flag.withDescription(
+        "count every row of a table up to this many (by its statistics); past it, count pending and dead rows through their indexes and estimate sent and processed ones, instead of a full scan",
+      ),
+      Flag.withDefault(opsSql.EXACT_UP_TO),
+    ),
+  },
+  ({ connection, json, exactUpTo }) =>
     withDatabase(connection, { requireTables: true }, (db) =>
       Effect.gen(function* () {
-        const outbox = yield* opsSql.outboxStatus(db)
-        const inbox = yield* opsSql.inboxStatus(db)
+        const outbox = yield* opsSql.outboxStatus(db, exactUpTo)
+        const inbox = yield* opsSql.inboxStatus(db, exactUpTo)
         const keys = yield* opsSql.waitingKeys(db, KEYS_SHOWN)
         if (json) return yield* printJson({ schema: db.schema, outbox, inbox, ordered_keys: keys })
         yield* print(render(db.schema, outbox, inbox, keys))

@@ -258,6 +258,60 @@ describe("txbox status", () => {
     })
   })
 
+  test("past --exact-up-to, pending and dead rows are counted through their indexes and sent rows estimated", async () => {
+    const schema = await freshSchema()
+    const fixtures: OutboxFixture[] = [
+      { type: "orders.placed", tenant: "acme", status: "pending", visibleIn: -60 },
+      { type: "billing.invoiced", tenant: "acme", status: "dead", attempts: 10, lastError: "unroutable" },
+      ...Array.from(
+        { length: 7 },
+        (): OutboxFixture => ({ type: "orders.placed", tenant: "acme", status: "sent" }),
+      ),
+    ]
+    await insertOutbox(schema, fixtures)
+    await insertInbox(schema, [
+      { id: "m1", consumer: "billing", status: "processed" },
+      { id: "m2", consumer: "billing", status: "pending", receivedAgo: 60 },
+      { id: "m3", consumer: "billing", status: "dead" },
+    ])
+    // The statistics the estimate reads (autovacuum's, in a real database).
+    await sql`ANALYZE ${sql.id(schema, "outbox")}`.execute(t.db)
+    await sql`ANALYZE ${sql.id(schema, "inbox")}`.execute(t.db)
+
+    const run = await txbox(["status", ...on(schema), "--json", "--exact-up-to", "2"])
+    expect(run.code).toBe(0)
+    const status = JSON.parse(run.stdout)
+    expect(status.outbox.estimated).toBe(true)
+    const { lag_seconds, ...total } = status.outbox.total
+    // Exact for pending and dead; sent from the table's 9 rows less those 2.
+    expect(total).toEqual({ pending: 1, due: 1, in_flight: 0, dead: 1, sent: 7 })
+    expect(lag_seconds).toBeGreaterThanOrEqual(60)
+    // Per type, only what the indexes hold: no sent count, and no sent-only row.
+    expect(status.outbox.by_type.map((r: { type: string; sent: unknown }) => [r.type, r.sent])).toEqual([
+      ["billing.invoiced", null],
+      ["orders.placed", null],
+    ])
+    expect(status.inbox).toEqual([
+      {
+        consumer: "billing",
+        pending: 1,
+        processed: null,
+        dead: 1,
+        oldest_pending_age_seconds: expect.any(Number),
+      },
+    ])
+
+    // Under the limit (the default), every count is exact.
+    const exact = JSON.parse((await txbox(["status", ...on(schema), "--json"])).stdout)
+    expect(exact.outbox.estimated).toBe(false)
+    expect(exact.outbox.by_type.find((r: { type: string }) => r.type === "orders.placed").sent).toBe(7)
+    expect(exact.inbox[0].processed).toBe(1)
+
+    const text = await txbox(["status", ...on(schema), "--exact-up-to", "2"])
+    expect(text.stdout).toMatch(/^all\s+1\s+1\s+0\s+1\s+~7\s+1m \d+s$/m)
+    expect(text.stdout).toContain("estimated from the table statistics")
+  })
+
   test("prints a table by default, and works with node-postgres too", async () => {
     const schema = await freshSchema()
     await insertOutbox(schema, [

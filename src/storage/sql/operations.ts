@@ -95,12 +95,18 @@ export interface OutboxCounts {
   /** Pending, claimed (a lock token) and still inside its lease. */
   readonly in_flight: number
   readonly dead: number
-  readonly sent: number
+  /** Exact, or estimated from the table's statistics (`OutboxStatus.estimated`): then the total only, null per type and tenant. */
+  readonly sent: number | null
   /** Seconds the oldest due row has waited past its `visible_at`; null when nothing is due. */
   readonly lag_seconds: number | null
 }
 
 export interface OutboxStatus {
+  /**
+   * Whether the sent count is an estimate: a table past `exactUpTo` rows (by its statistics) is
+   * counted from its partial indexes (pending and dead rows, exactly) instead of a full scan.
+   */
+  readonly estimated: boolean
   readonly total: OutboxCounts
   readonly by_type: ReadonlyArray<OutboxCounts & { readonly type: string }>
   readonly by_tenant: ReadonlyArray<OutboxCounts & { readonly tenant: string | null }>
@@ -109,21 +115,45 @@ export interface OutboxStatus {
 export interface InboxConsumerStatus {
   readonly consumer: string
   readonly pending: number
-  readonly processed: number
+  /** Exact; null when the inbox is past `exactUpTo` rows and only pending and dead rows are counted. */
+  readonly processed: number | null
   readonly dead: number
   /** Seconds since the oldest pending row was received; null when none is pending. */
   readonly oldest_pending_age_seconds: number | null
 }
 
+/** Rows `status` counts exactly, by default: past this (by the table's statistics) it estimates. */
+export const EXACT_UP_TO = 1_000_000
+
+/**
+ * The planner's row estimate of txbox's `table` (`pg_class.reltuples`, kept by
+ * autovacuum and ANALYZE); undefined before the table was ever analyzed.
+ */
+const estimatedRows = async (db: DatabaseShape, table: "outbox" | "inbox"): Promise<number | undefined> => {
+  // sql: pg_class is the catalog, not one of txbox's tables.
+  const result = await sql<{ rows: number | string | null }>`
+    SELECT c.reltuples AS rows FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = ${db.schema} AND c.relname = ${table}`.execute(db.db)
+  const rows = Number(result.rows[0]?.rows ?? -1)
+  return rows >= 0 ? rows : undefined
+}
+
 /**
  * Outbox counts in one scan: GROUPING SETS gives the total, the per-type and
  * the per-tenant rows together, where three GROUP BY queries would read the
- * table three times. It is a full scan, sent rows included, about ten times a
- * bare count(*) (bench/README.md, "Design measurements: status"). Retention
- * (purge) is what keeps it short.
+ * table three times. Up to `exactUpTo` rows (by the table's statistics) it is
+ * a full scan, sent rows included, about ten times a bare count(*)
+ * (bench/README.md, "Design measurements: status"); past that it reads the
+ * pending and dead rows through their partial indexes only, and the sent
+ * count is the statistics' total less those (`estimated`).
  */
-export const outboxStatus = (db: DatabaseShape): Effect.Effect<OutboxStatus, StoreError> =>
+export const outboxStatus = (
+  db: DatabaseShape,
+  exactUpTo: number = EXACT_UP_TO,
+): Effect.Effect<OutboxStatus, StoreError> =>
   query("status.outbox", async () => {
+    const estimate = await estimatedRows(db, "outbox")
+    const estimated = estimate !== undefined && estimate > exactUpTo
     const rows = await tables(db)
       .selectFrom("outbox")
       .select((eb) => {
@@ -148,6 +178,8 @@ export const outboxStatus = (db: DatabaseShape): Effect.Effect<OutboxStatus, Sto
           epochSince(eb.fn.min("visible_at").filterWhere(due)).as("lag_seconds"),
         ]
       })
+      // Estimating: pending and dead rows only, each status through its partial index.
+      .$if(estimated, (qb) => qb.where((eb) => eb.or([eb("status", "=", PENDING), eb("status", "=", DEAD)])))
       // sql: Kysely's groupBy has no GROUPING SETS.
       .groupBy(sql`GROUPING SETS ((), (type), (tenant_id))`)
       .orderBy("grouping")
@@ -159,16 +191,20 @@ export const outboxStatus = (db: DatabaseShape): Effect.Effect<OutboxStatus, Sto
       due: int(r.due),
       in_flight: int(r.in_flight),
       dead: int(r.dead),
-      sent: int(r.sent),
+      sent: estimated ? null : int(r.sent),
       lag_seconds: seconds(r.lag_seconds),
     })
     // GROUPING(type, tenant_id) is a bit mask of the columns *not* grouped on:
     // 3 = neither (the total), 1 = grouped by type, 2 = grouped by tenant.
-    const total = rows.find((r) => Number(r.grouping) === 3)
+    const found = rows.find((r) => Number(r.grouping) === 3)
+    const total: OutboxCounts = found
+      ? counts(found)
+      : { pending: 0, due: 0, in_flight: 0, dead: 0, sent: estimated ? null : 0, lag_seconds: null }
     return {
-      total: total
-        ? counts(total)
-        : { pending: 0, due: 0, in_flight: 0, dead: 0, sent: 0, lag_seconds: null },
+      estimated,
+      total: estimated
+        ? { ...total, sent: Math.max(0, Math.round(estimate - total.pending - total.dead)) }
+        : total,
       by_type: rows
         .filter((r) => Number(r.grouping) === 1)
         .map((r) => ({ type: r.type ?? "", ...counts(r) })),
@@ -178,13 +214,21 @@ export const outboxStatus = (db: DatabaseShape): Effect.Effect<OutboxStatus, Sto
     }
   })
 
-/** Per inbox consumer: pending, processed, dead and the oldest pending row's age. */
+/**
+ * Per inbox consumer: pending, processed, dead and the oldest pending row's
+ * age. Past `exactUpTo` rows (by the table's statistics) only pending and dead
+ * rows are read, through their partial indexes, and `processed` is null.
+ */
 export const inboxStatus = (
   db: DatabaseShape,
+  exactUpTo: number = EXACT_UP_TO,
 ): Effect.Effect<ReadonlyArray<InboxConsumerStatus>, StoreError> =>
   query("status.inbox", async () => {
+    const estimate = await estimatedRows(db, "inbox")
+    const estimated = estimate !== undefined && estimate > exactUpTo
     const rows = await tables(db)
       .selectFrom("inbox")
+      .$if(estimated, (qb) => qb.where((eb) => eb.or([eb("status", "=", PENDING), eb("status", "=", DEAD)])))
       .select((eb) => [
         "consumer",
         eb.fn.countAll().filterWhere("status", "=", PENDING).as("pending"),
@@ -200,7 +244,7 @@ export const inboxStatus = (
     return rows.map((r) => ({
       consumer: r.consumer,
       pending: int(r.pending),
-      processed: int(r.processed),
+      processed: estimated ? null : int(r.processed),
       dead: int(r.dead),
       oldest_pending_age_seconds: seconds(r.oldest_pending_age_seconds),
     }))
