@@ -118,6 +118,13 @@ export interface InboxHealth {
   readonly lastActivityAt: Date | undefined
   /** The processor loop's last failure, cleared by its next successful cycle. */
   readonly lastError: string | undefined
+  /**
+   * Whether NOTIFY wake-ups reach the processor (stored rows: store-then-process, ordered messages).
+   * False means polling only: LISTEN is off or could not start, or its self-test (a NOTIFY the store
+   * sends itself through the pool) went unheard — typically a transaction pooler such as PgBouncer
+   * without a `listenUrl`. Not part of `ready`: nothing is lost, only latency grows to the poll interval.
+   */
+  readonly listening: boolean
 }
 
 /** What `Inbox.make` returns: the running inbox's stats and health, read on demand. */
@@ -305,11 +312,19 @@ export const make = (
     // rows an operator redrove. It LISTENs in both: only pending rows notify,
     // so an idempotent consumer with no ordered traffic is never woken.
     const wake = makeSignal()
+    const wakeups = { listening: true }
     yield* store
-      .wakeups(c.consumer, wake.notify)
+      .wakeups(c.consumer, wake.notify, (hears) => {
+        wakeups.listening = hears
+      })
       .pipe(
         Effect.catch((e) =>
-          Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),
+          Effect.andThen(
+            Effect.sync(() => {
+              wakeups.listening = false
+            }),
+            Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),
+          ),
         ),
       )
     // Ordered rows long blocked leave the front of the due rows, and what may go comes back
@@ -347,6 +362,7 @@ export const make = (
         processorRunning,
         lastActivityAt: date(counters.lastActivityAt),
         lastError: state.lastError,
+        listening: wakeups.listening,
       } satisfies InboxHealth
     })
     return { stats, health } satisfies InboxHandle

@@ -92,6 +92,13 @@ export interface RelayHealth {
   readonly lagSeconds: number
   /** Whether this process measures the lag now (one relay process at a time does). */
   readonly lagMeasured: boolean
+  /**
+   * Whether NOTIFY wake-ups reach this process's loops. False means polling only: LISTEN is off or
+   * could not start, or its self-test (a NOTIFY the store sends itself through the pool) went
+   * unheard — typically a transaction pooler such as PgBouncer without a `listenUrl`. Not part of
+   * `ready`: nothing is lost, only latency grows to the poll interval.
+   */
+  readonly listening: boolean
   /** The loop's last failure, cleared by its next successful cycle. */
   readonly lastError: string | undefined
 }
@@ -169,9 +176,21 @@ export const make = (
     // This process, to the housekeeping leases: the lag probe and retention run in one process at a time.
     const holder = uuidv7()
     const wake = makeSignal()
+    const wakeups = { listening: true }
     yield* store
-      .wakeups(wake.notify)
-      .pipe(Effect.catch((e) => Effect.logWarning(`relay: LISTEN unavailable, polling only: ${e.message}`)))
+      .wakeups(wake.notify, (hears) => {
+        wakeups.listening = hears
+      })
+      .pipe(
+        Effect.catch((e) =>
+          Effect.andThen(
+            Effect.sync(() => {
+              wakeups.listening = false
+            }),
+            Effect.logWarning(`relay: LISTEN unavailable, polling only: ${e.message}`),
+          ),
+        ),
+      )
 
     const cycle = relayCycle(store, transport, c, counters)
     const loop = {
@@ -225,6 +244,7 @@ export const make = (
         lastCycleAt: date(state.lastCycleAt),
         lagSeconds: lag.seconds,
         lagMeasured: lag.measured,
+        listening: wakeups.listening,
         lastError: state.lastError,
       } satisfies RelayHealth
     })

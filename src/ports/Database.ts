@@ -26,9 +26,16 @@ export interface DatabaseShape {
   /**
    * Subscribes to a NOTIFY channel until the scope closes. `onNotify` may be
    * called spuriously or not at all (a lost listener connection): NOTIFY only
-   * shortens latency, polling keeps correctness.
+   * shortens latency, polling keeps correctness. `onHearing`, when given, is
+   * told whether the LISTEN hears NOTIFYs sent the way producers send them
+   * (false: a self-test or ping went unheard, or the store does not listen;
+   * true again when one is heard), for the loops' health.
    */
-  readonly listen: (channel: string, onNotify: () => void) => Effect.Effect<void, StoreError, Scope.Scope>
+  readonly listen: (
+    channel: string,
+    onNotify: () => void,
+    onHearing?: (hears: boolean) => void,
+  ) => Effect.Effect<void, StoreError, Scope.Scope>
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.

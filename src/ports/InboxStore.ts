@@ -193,7 +193,12 @@ export interface InboxStoreShape {
    * Calls `onWake` when pending rows of `consumer` may have arrived (store-then-process), until the
    * scope closes. Latency only: a store may wake more often than that, never less.
    */
-  readonly wakeups: (consumer: string, onWake: () => void) => Effect.Effect<void, StoreError, Scope.Scope>
+  readonly wakeups: (
+    consumer: string,
+    onWake: () => void,
+    /** Told whether the wake-ups are heard (`Database.listen`'s `onHearing`). */
+    onHearing?: (hears: boolean) => void,
+  ) => Effect.Effect<void, StoreError, Scope.Scope>
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.

@@ -96,7 +96,11 @@ export interface OutboxStoreShape {
    * scope closes. Only shortens latency: it may call spuriously or never, and
    * polling alone must stay correct.
    */
-  readonly wakeups: (onWake: () => void) => Effect.Effect<void, StoreError, Scope.Scope>
+  readonly wakeups: (
+    onWake: () => void,
+    /** Told whether the wake-ups are heard (`Database.listen`'s `onHearing`). */
+    onHearing?: (hears: boolean) => void,
+  ) => Effect.Effect<void, StoreError, Scope.Scope>
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.

@@ -86,26 +86,41 @@ const effectsOf = async (consumer: string) => {
 }
 
 /** A relay and one consumer per inbox mode, each its own runtime (its own pool) through PgBouncer. */
-const runPipeline = async (driver: Driver, listenUrl: string | undefined, count: number, holdMs = 300) => {
+const runPipeline = async (
+  driver: Driver,
+  listenUrl: string | undefined,
+  count: number,
+  holdMs: number,
+  /** What every loop's `health.listening` says after `holdMs`. */
+  listening: boolean,
+) => {
   const exchange = uniqueName(`pgb-${driver}`)
+  // Each loop's health, read once everything is delivered.
+  const healths: Array<Effect.Effect<{ readonly listening: boolean }>> = []
+  const keep = (handle: { readonly health: Effect.Effect<{ readonly listening: boolean }> }) =>
+    Effect.sync(() => {
+      healths.push(handle.health)
+    })
   const consumers = { idempotent: uniqueName("pgb-idem"), "store-then-process": uniqueName("pgb-stp") }
   const transport = Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))
   const runtimes = [
     ...Object.entries(consumers).map(([mode, consumer]) =>
       ManagedRuntime.make(
-        Inbox.layer({
-          consumer,
-          mode: mode as "idempotent" | "store-then-process",
-          handlers: [recordingHandler(consumer)],
-          pollInterval: "1 second",
-        }).pipe(
-          Layer.provide(Layer.mergeAll(store(driver, listenUrl), transport)),
-          Layer.provide(recordLogs),
-        ),
+        Layer.effectDiscard(
+          Effect.tap(
+            Inbox.make({
+              consumer,
+              mode: mode as "idempotent" | "store-then-process",
+              handlers: [recordingHandler(consumer)],
+              pollInterval: "1 second",
+            }),
+            keep,
+          ),
+        ).pipe(Layer.provide(Layer.mergeAll(store(driver, listenUrl), transport)), Layer.provide(recordLogs)),
       ),
     ),
     ManagedRuntime.make(
-      Relay.layer({ pollInterval: "1 second" }).pipe(
+      Layer.effectDiscard(Effect.tap(Relay.make({ pollInterval: "1 second" }), keep)).pipe(
         Layer.provide(Layer.mergeAll(store(driver, listenUrl), transport)),
         Layer.provide(recordLogs),
       ),
@@ -133,6 +148,9 @@ const runPipeline = async (driver: Driver, listenUrl: string | undefined, count:
     const outbox = await sql<{ status: string; n: string }>`
       SELECT status, count(*) AS n FROM txbox.outbox GROUP BY status`.execute(t.db)
     expect(outbox.rows.filter((row) => row.status !== "sent")).toEqual([])
+    // The relay's and both consumers' health say whether wake-ups reach them.
+    expect(healths).toHaveLength(3)
+    for (const health of healths) expect((await Effect.runPromise(health)).listening).toBe(listening)
   } finally {
     for (const runtime of runtimes) await runtime.dispose()
     await sql`DELETE FROM txbox.outbox`.execute(t.db)
@@ -159,16 +177,16 @@ describe("through PgBouncer in transaction mode (pool of 3, 16 clients)", () => 
   for (const driver of ["pg", "postgres.js"] as const satisfies ReadonlyArray<Driver>) {
     test(`${driver}: producers, relay and both inbox modes, LISTEN on a direct listenUrl: every message applied once, none dead`, async () => {
       logged.length = 0
-      await runPipeline(driver, t.url, 200, SELF_TEST_WITHIN_MS + 1_000)
+      await runPipeline(driver, t.url, 200, SELF_TEST_WITHIN_MS + 1_000, true)
       expect(deafWarnings()).toEqual([])
       // No statement failed on its way (a loop logs each failure it backs off from).
       expect(logged.filter((line) => /prepared statement|failed/i.test(line))).toEqual([])
     }, 120_000)
   }
 
-  test("pg without listenUrl: LISTEN through the pooler is found deaf and said once per channel; polling still delivers everything", async () => {
+  test("pg without listenUrl: LISTEN through the pooler is found deaf, said once per channel and in health; polling still delivers everything", async () => {
     logged.length = 0
-    await runPipeline("pg", undefined, 100, SELF_TEST_WITHIN_MS + 1_000)
+    await runPipeline("pg", undefined, 100, SELF_TEST_WITHIN_MS + 1_000, false)
     const warnings = deafWarnings()
     // A LISTEN through the pooler is idle, linked to no server connection, so it hears nothing:
     // said once per LISTEN (the relay's and each consumer's), not again on every reconnect.
@@ -213,10 +231,10 @@ describe("through PgBouncer in transaction mode (pool of 3, 16 clients)", () => 
     }
   }, 60_000)
 
-  test("postgres.js without listenUrl: its watchdog finds LISTEN through the pooler deaf and says so once per LISTEN; polling still delivers everything", async () => {
+  test("postgres.js without listenUrl: its watchdog finds LISTEN through the pooler deaf and says so once per LISTEN and in health; polling still delivers everything", async () => {
     logged.length = 0
     // The watchdog pings every 5 s and waits 5 s: deaf is said after two unheard pings.
-    await runPipeline("postgres.js", undefined, 100, 25_000)
+    await runPipeline("postgres.js", undefined, 100, 25_000, false)
     const warnings = deafWarnings()
     expect(warnings.length).toBeGreaterThanOrEqual(1)
     expect(warnings.length).toBeLessThanOrEqual(3)

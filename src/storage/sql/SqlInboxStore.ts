@@ -1167,13 +1167,13 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
     bindings: (consumer, patterns, onOrderedDead = "block") =>
       tryStore("InboxStore.bindings", () => recordBindings(db, consumer, patterns, onOrderedDead)),
     // The trigger's channel (migration 0011), named by the database: its md5 is the one the trigger takes.
-    wakeups: (consumer, onWake) =>
+    wakeups: (consumer, onWake, onHearing) =>
       Effect.flatMap(
         tryStore("InboxStore.wakeups", async () => {
           const result = await db.executeQuery(q.wakeupChannel({ schema: database.schema, consumer }))
           return result.rows[0]!.channel
         }),
-        (channel) => database.listen(channel, onWake),
+        (channel) => database.listen(channel, onWake, onHearing),
       ),
   } satisfies InboxStoreShape
 })

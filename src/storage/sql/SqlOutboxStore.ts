@@ -439,7 +439,8 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
       tryStore("OutboxStore.holdTask", () =>
         db.executeQuery(holdTaskQuery(db, { task, holder, ttlMs })).then((r) => r.rows.length === 1),
       ),
-    wakeups: (onWake) => database.listen(notifyChannel(database.schema, "outbox"), onWake),
+    wakeups: (onWake, onHearing) =>
+      database.listen(notifyChannel(database.schema, "outbox"), onWake, onHearing),
   } satisfies OutboxStoreShape
 })
 

@@ -36,7 +36,11 @@ const quoted = (channel: string) => `"${channel.replaceAll('"', '""')}"`
 export const makeListener = (
   options: ListenerOptions,
 ): Effect.Effect<
-  (channel: string, onNotify: () => void) => Effect.Effect<void, StoreError, Scope.Scope>,
+  (
+    channel: string,
+    onNotify: () => void,
+    onHearing?: (hears: boolean) => void,
+  ) => Effect.Effect<void, StoreError, Scope.Scope>,
   never,
   Scope.Scope
 > =>
@@ -111,7 +115,7 @@ export const makeListener = (
       }),
     )
 
-    return (channel: string, onNotify: () => void) =>
+    return (channel: string, onNotify: () => void, onHearing?: (hears: boolean) => void) =>
       Effect.gen(function* () {
         let entry = channels.get(channel)
         const fresh = entry === undefined
@@ -125,6 +129,10 @@ export const makeListener = (
         const wakes = entry.wakes
         wakes.add(onNotify)
         yield* Effect.addFinalizer(() => Effect.sync(() => wakes.delete(onNotify)))
+        if (onHearing !== undefined) {
+          const unwatch = entry.selfTest.watch(onHearing)
+          yield* Effect.addFinalizer(() => Effect.sync(unwatch))
+        }
         if (!fresh) return
         yield* lock.withPermits(1)(
           Effect.gen(function* () {

@@ -83,8 +83,13 @@ export const open = (
           )
     // postgres.js gives up on a LISTEN whose re-issue after a reconnect fails (the server still
     // down), without a word: the watchdog notices and subscribes again.
-    const listen = (channel: string, onNotify: () => void): Effect.Effect<void, StoreError, Scope.Scope> =>
+    const listen = (
+      channel: string,
+      onNotify: () => void,
+      onHearing?: (hears: boolean) => void,
+    ): Effect.Effect<void, StoreError, Scope.Scope> =>
       watchedListen({
+        onHearing,
         subscribe: (onPayload) =>
           Effect.tryPromise({
             // postgres.js calls `onlisten` after each LISTEN it issues, its own re-issues included:

@@ -36,6 +36,8 @@ export interface ListenSelfTest {
   readonly heard: (payload: string) => void
   /** One test: NOTIFY through `notify`, wait up to `SELF_TEST_WITHIN_MS`, log a change of verdict. Never fails. */
   readonly check: Effect.Effect<void>
+  /** Tells `onHearing` each verdict from now on (and the last one, if a test already gave it); returns its removal. */
+  readonly watch: (onHearing: (hears: boolean) => void) => () => void
 }
 
 export const listenSelfTest = (
@@ -45,6 +47,20 @@ export const listenSelfTest = (
   Effect.sync(() => {
     const waiting = new Map<string, Deferred.Deferred<void>>()
     let deaf = false
+    // Undefined until a test gave a verdict.
+    let verdict: boolean | undefined
+    const watchers = new Set<(hears: boolean) => void>()
+    const tell = (hears: boolean) => {
+      verdict = hears
+      for (const watcher of watchers) watcher(hears)
+    }
+    const watch = (onHearing: (hears: boolean) => void) => {
+      watchers.add(onHearing)
+      if (verdict !== undefined) onHearing(verdict)
+      return () => {
+        watchers.delete(onHearing)
+      }
+    }
     const heard = (payload: string) => {
       const answer = waiting.get(payload)
       if (answer !== undefined) Deferred.doneUnsafe(answer, Exit.void)
@@ -62,6 +78,7 @@ export const listenSelfTest = (
         const answered = Option.isSome(
           yield* Deferred.await(answer).pipe(Effect.timeoutOption(SELF_TEST_WITHIN_MS)),
         )
+        tell(answered)
         if (!answered && !deaf) {
           deaf = true
           yield* Effect.logWarning(deafWarning(channel, SELF_TEST_WITHIN_MS))
@@ -70,5 +87,5 @@ export const listenSelfTest = (
           yield* Effect.logInfo(hearsAgain(channel))
         }
       })
-    return { heard, check }
+    return { heard, check, watch }
   })

@@ -25,6 +25,8 @@ export interface WatchdogOptions {
   /** Sends the ping; a failure means the database is away, which proves nothing about the listener. */
   readonly ping: Effect.Effect<void, StoreError>
   readonly onNotify: () => void
+  /** Told when a LISTEN is found deaf (false) and when it hears again (true). */
+  readonly onHearing?: ((hears: boolean) => void) | undefined
   /** Retries a subscription lost after the first one was up. */
   readonly resubscribe: <A>(effect: Effect.Effect<A, StoreError>) => Effect.Effect<A>
   readonly every: number
@@ -62,12 +64,14 @@ export const watchedListen = (options: WatchdogOptions): Effect.Effect<void, Sto
         misses = 0
         if (warned) {
           warned = false
+          options.onHearing?.(true)
           yield* Effect.logInfo(hearsAgain(options.channel))
         }
         return
       }
       if (++misses >= 2 && !warned) {
         warned = true
+        options.onHearing?.(false)
         yield* Effect.logWarning(deafWarning(options.channel, options.within))
       }
       yield* Effect.promise(() => current.unlisten().catch(() => undefined))

@@ -84,4 +84,8 @@ export const relistenForever: Schedule.Schedule<Duration.Duration> = schedule(
 )
 
 /** A store's `listen` with LISTEN off: no wake-ups, the loops poll. */
-export const noListen = (_channel: string, _onNotify: () => void): Effect.Effect<void> => Effect.void
+export const noListen = (
+  _channel: string,
+  _onNotify: () => void,
+  onHearing?: (hears: boolean) => void,
+): Effect.Effect<void> => Effect.sync(() => onHearing?.(false))
