@@ -25,7 +25,7 @@ import { defaultRetryPolicy } from "../src/Retry.ts"
 import { deadQueueName, delayQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
-import { type Child, type ProducerLine, spawnChild } from "./support/children.ts"
+import { type Child, type ProducerLine, type RelayStatsLine, spawnChild } from "./support/children.ts"
 import { type CpuMeter, type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import { HAND_SCHEMA_SQL } from "./support/hand.ts"
@@ -124,6 +124,8 @@ interface Run {
   readonly cpu: CpuUse
   /** The whole machine in cores, by kind (/proc/stat): where _other_ went (softirq, steal, …). */
   readonly machine: Readonly<Record<string, number>> | undefined
+  /** txbox's relays (their stats, a second apart): claims per second, and the share that found nothing. */
+  readonly claims: { readonly perSecond: number; readonly empty: number } | undefined
   /** What PostgreSQL did per message: transactions, WAL bytes, rows written (pg_stat_*; approximate). */
   readonly database: DatabaseWork
 }
@@ -275,6 +277,12 @@ main(() =>
               put(`ratio_${names[i]}_${k}`, ratio(v, hand[i]), 3)
           })
         }
+        // txbox's relays: claims per second and the share that found nothing (medians of the runs).
+        const claims = here.flatMap((r) => (r.pipeline === "txbox" && r.claims ? [r.claims] : []))
+        if (claims.length > 0) {
+          put(`txbox_claims_per_s_${k}`, median(claims.map((c) => c.perSecond)), 1)
+          put(`txbox_empty_claims_${k}`, median(claims.map((c) => c.empty)), 3)
+        }
       }
     }
     writeResult("cost", args, services, {
@@ -388,7 +396,7 @@ async function runOnce(
     children.push(...inboxes)
     await Promise.all(inboxes.map((c) => c.ready))
     const relays = Array.from({ length: topology.relays }, () =>
-      spawnChild<{ readonly event: string }>(
+      spawnChild<RelayStatsLine>(
         pipeline === "hand" ? "handRelayProcess.ts" : "relayProcess.ts",
         pipeline === "hand"
           ? { DB_URL: bench.url, AMQP_URL: amqpUrl, EXCHANGE: exchange, STATS_MS: "1000" }
@@ -462,6 +470,19 @@ async function runOnce(
 
     await sleep(1100)
     const databaseBefore = await databaseSample(bench.db)
+    // The relays' claims so far (each reports every STATS_MS): txbox's only, the hand-written relay counts none.
+    const claimsSoFar = () => {
+      let claims = 0
+      let batches = 0
+      for (const relay of relays) {
+        const last = relay.lines.findLast((line) => line.event === "stats")
+        if (last?.claims === undefined) return undefined
+        claims += last.claims
+        batches += last.batches
+      }
+      return { claims, batches, at: performance.now() }
+    }
+    const claimsBefore = claimsSoFar()
     const before = meter.sample(pids)
     const machineBefore = machineTicks()
     producer.send(JSON.stringify({ cmd: "run", run: 1, mode, rate, seconds: config.seconds }))
@@ -489,6 +510,16 @@ async function runOnce(
     )
     const cpu = meter.use(before, meter.sample(pids))
     const machine = machineUse(machineBefore, machineTicks(), cpu.seconds)
+    const claimsAfter = claimsSoFar()
+    const claimed =
+      claimsBefore === undefined || claimsAfter === undefined || claimsAfter.claims === claimsBefore.claims
+        ? undefined
+        : {
+            perSecond: ((claimsAfter.claims - claimsBefore.claims) * 1000) / (claimsAfter.at - claimsBefore.at),
+            empty:
+              1 -
+              (claimsAfter.batches - claimsBefore.batches) / (claimsAfter.claims - claimsBefore.claims),
+          }
     // Backends publish their counters within a second of their last transaction.
     await sleep(1100)
     const databaseAfter = await databaseSample(bench.db)
@@ -576,13 +607,17 @@ async function runOnce(
       cpu,
       machine,
       database,
+      claims: claimed,
     }
     log(
       `${label}: ${committed} messages, ${Math.round(run.e2eRate)} msg/s end to end (drain ${drainSeconds.toFixed(2)} s), ` +
         `p50 ${run.p50.toFixed(1)} ms, p99 ${run.p99.toFixed(1)} ms, ${usPerMessage.total === undefined ? "–" : Math.round(usPerMessage.total)} µs/msg, ` +
         `other ${cpu.machineBusy === undefined || total === undefined ? "–" : (cpu.machineBusy - total).toFixed(2)} cores` +
         (machine === undefined ? "" : ` (softirq ${machine.softirq}, steal ${machine.steal})`) +
-        `; per message PostgreSQL ran ${database.transactions.toFixed(2)} transactions, wrote ${Math.round(database.walBytes)} B of WAL and ${database.rowWrites.toFixed(2)} rows`,
+        `; per message PostgreSQL ran ${database.transactions.toFixed(2)} transactions, wrote ${Math.round(database.walBytes)} B of WAL and ${database.rowWrites.toFixed(2)} rows` +
+        (claimed === undefined
+          ? ""
+          : `; the relays claimed ${claimed.perSecond.toFixed(1)} times/s, ${Math.round(claimed.empty * 100)} % of them finding nothing`),
     )
     return { run, clock }
   } finally {

@@ -71,6 +71,8 @@ export interface RelayStats {
   readonly lostLeases: number
   /** Claims that found rows and went through publish and mark. */
   readonly batches: number
+  /** Every claim made, rows or none: `claims - batches` looked and found nothing. */
+  readonly claims: number
   /** When a worker's loop last ended a cycle (succeeded or failed); undefined before the first. */
   readonly lastCycleAt: Date | undefined
   /** The loop's last failure, cleared by its next successful cycle. */

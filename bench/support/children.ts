@@ -136,6 +136,8 @@ export interface RelayStatsLine {
   readonly retried: number
   readonly dead: number
   readonly batches: number
+  /** Every claim, rows or none (txbox's relay only). */
+  readonly claims?: number
   readonly rss: number
   readonly heapUsed: number
   readonly cpuSeconds: number

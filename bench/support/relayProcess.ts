@@ -54,6 +54,7 @@ const report = async (event: string) => {
     retried: stats?.retried ?? 0,
     dead: stats?.dead ?? 0,
     batches: stats?.batches ?? 0,
+    claims: stats?.claims ?? 0,
     rss: memory.rss,
     heapUsed: memory.heapUsed,
     cpuSeconds: (cpu.user + cpu.system) / 1e6,

@@ -35,6 +35,8 @@ export interface RelayCounters {
   /** Marks that found their row already re-claimed by another relay (lease ran out). */
   lostLeases: number
   batches: number
+  /** Every claim made, rows or none: `claims - batches` found nothing. */
+  claims: number
 }
 
 export const makeRelayCounters = (): RelayCounters => ({
@@ -43,6 +45,7 @@ export const makeRelayCounters = (): RelayCounters => ({
   dead: 0,
   lostLeases: 0,
   batches: 0,
+  claims: 0,
 })
 
 const toOutgoing = (m: OutboxMessage): OutgoingMessage => ({
@@ -197,15 +200,16 @@ export const relayCycle = (
         }),
       )
     }
-    return Effect.flatMap(Metrics.timed(Metrics.claimDuration, claim), ({ token, rows }) =>
-      Effect.annotateCurrentSpan("txbox.claimed", rows.length).pipe(
+    return Effect.flatMap(Metrics.timed(Metrics.claimDuration, claim), ({ token, rows }) => {
+      counters.claims++
+      return Effect.annotateCurrentSpan("txbox.claimed", rows.length).pipe(
         Effect.andThen(
           rows.length === 0
             ? Effect.succeed(0)
             : Effect.andThen(Metric.update(Metrics.batchSize, rows.length), work(token, rows)),
         ),
-      ),
-    )
+      )
+    })
   }).pipe(spanned("Relay.batch", { root: true }))
 }
 
