@@ -24,7 +24,7 @@ import { makeConsumer, makeInboxCounters } from "./core/inboxConsumer.ts"
 import { processorCycle } from "./core/inboxProcessor.ts"
 import type { RouteBinding } from "./core/keyRoutes.ts"
 import { isLive, makeLoopState, runLeaseLoop } from "./core/leaseLoop.ts"
-import { makeSignal } from "./core/signal.ts"
+import { makeSignal, subscribeWakeups } from "./core/signal.ts"
 import { subscribe } from "./core/subscription.ts"
 import { type ConfigError, StoreError } from "./Errors.ts"
 import { InboxStore, type OrderedDeadPolicy } from "./ports/InboxStore.ts"
@@ -312,21 +312,11 @@ export const make = (
     // rows an operator redrove. It LISTENs in both: only pending rows notify,
     // so an idempotent consumer with no ordered traffic is never woken.
     const wake = makeSignal()
-    const wakeups = { listening: true }
-    yield* store
-      .wakeups(c.consumer, wake.notify, (hears) => {
-        wakeups.listening = hears
-      })
-      .pipe(
-        Effect.catch((e) =>
-          Effect.andThen(
-            Effect.sync(() => {
-              wakeups.listening = false
-            }),
-            Effect.logWarning(`inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`),
-          ),
-        ),
-      )
+    const wakeups = yield* subscribeWakeups(
+      (onWake, onHearing) => store.wakeups(c.consumer, onWake, onHearing),
+      wake,
+      (e) => `inbox ${c.consumer}: LISTEN unavailable, polling: ${e.message}`,
+    )
     // Ordered rows long blocked leave the front of the due rows, and what may go comes back
     // (`InboxStore.sweep`): what it brings back is claimed at once.
     yield* Effect.forkScoped(

@@ -22,7 +22,7 @@ import {
   relayCycle,
   retentionPass,
 } from "./core/relayCycle.ts"
-import { makeSignal } from "./core/signal.ts"
+import { makeSignal, subscribeWakeups } from "./core/signal.ts"
 import { uuidv7 } from "./core/uuid.ts"
 import type { ConfigError } from "./Errors.ts"
 import { OutboxStore } from "./ports/OutboxStore.ts"
@@ -178,21 +178,11 @@ export const make = (
     // This process, to the housekeeping leases: the lag probe and retention run in one process at a time.
     const holder = uuidv7()
     const wake = makeSignal()
-    const wakeups = { listening: true }
-    yield* store
-      .wakeups(wake.notify, (hears) => {
-        wakeups.listening = hears
-      })
-      .pipe(
-        Effect.catch((e) =>
-          Effect.andThen(
-            Effect.sync(() => {
-              wakeups.listening = false
-            }),
-            Effect.logWarning(`relay: LISTEN unavailable, polling only: ${e.message}`),
-          ),
-        ),
-      )
+    const wakeups = yield* subscribeWakeups(
+      store.wakeups,
+      wake,
+      (e) => `relay: LISTEN unavailable, polling only: ${e.message}`,
+    )
 
     const cycle = relayCycle(store, transport, c, counters)
     const loop = {

@@ -10,7 +10,8 @@
  * next one, so a burst still spreads over all of them. A notification while
  * nobody waits is not lost: one pending notification is kept.
  */
-import { Effect } from "effect"
+import { Effect, type Scope } from "effect"
+import type { StoreError } from "../Errors.ts"
 
 export interface Signal {
   /** Wakes one waiter; with none waiting, the next wait returns at once. */
@@ -54,3 +55,37 @@ export const makeSignal = (): Signal => {
   })
   return { notify, nudge, wait: (timeoutMs) => Effect.raceFirst(notified, Effect.sleep(timeoutMs)) }
 }
+
+/** Whether a loop's wake-ups are heard (for its health): false while it polls only. */
+export interface Listening {
+  readonly listening: boolean
+}
+
+/**
+ * Subscribes `signal` to a store's wake-ups (`subscribe` is the store's `wakeups`, bound): a store
+ * that cannot LISTEN leaves the loop polling, said once in the log as `unavailable` words it. The
+ * answer follows what the store says about its LISTEN (a self-test or ping that went unheard).
+ */
+export const subscribeWakeups = (
+  subscribe: (
+    onWake: () => void,
+    onHearing: (hears: boolean) => void,
+  ) => Effect.Effect<void, StoreError, Scope.Scope>,
+  signal: Signal,
+  unavailable: (error: StoreError) => string,
+): Effect.Effect<Listening, never, Scope.Scope> =>
+  Effect.suspend(() => {
+    const state = { listening: true }
+    const hearing = (hears: boolean) => {
+      state.listening = hears
+    }
+    return subscribe(signal.notify, hearing).pipe(
+      Effect.catch((error) =>
+        Effect.andThen(
+          Effect.sync(() => hearing(false)),
+          Effect.logWarning(unavailable(error)),
+        ),
+      ),
+      Effect.as(state),
+    )
+  })
