@@ -102,36 +102,51 @@ const processTogether =
     watchdog(
       (running) =>
         p.store.transaction(
-          (tx) =>
-            Effect.gen(function* () {
-              const attempts = (item: Ready) => item.row.attempts + 1
-              const mine =
-                items.length === 1
-                  ? [yield* tx.markProcessed(p.consumer, items[0]!.row.key, token, attempts(items[0]!))]
-                  : yield* tx.markProcessedAll(
-                      p.consumer,
-                      token,
-                      items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
-                    )
-              for (const [i, item] of items.entries()) {
-                const decoded = item.decoded
-                if (mine[i] !== true || decoded === undefined) continue
-                // The stored key is already the dedupe key; keep it whatever the contract computes now.
-                const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
-                yield* nowRunning(running, i)
-                yield* runHandler(
+          (tx) => {
+            const attempts = (item: Ready) => item.row.attempts + 1
+            // The handlers of the rows still ours, in turn, from `from` on. Combinators, not
+            // Effect.gen: once per batch (core/inboxConsumer.ts says why).
+            const handleFrom = (
+              mine: ReadonlyArray<boolean>,
+              from: number,
+            ): Effect.Effect<ReadonlyArray<boolean>, FailedAt<HandlerFailed> | StoreError> => {
+              let i = from
+              while (i < items.length && (mine[i] !== true || items[i]!.decoded === undefined)) i++
+              if (i === items.length) return Effect.succeed(mine)
+              const at = i
+              const item = items[at]!
+              const decoded = item.decoded!
+              // The stored key is already the dedupe key; keep it whatever the contract computes now.
+              const envelope = { ...decoded.envelope, dedupeKey: item.row.key }
+              return nowRunning(running, at).pipe(
+                Effect.andThen(
+                  runHandler(
+                    p.consumer,
+                    decoded.handler,
+                    decoded.payload,
+                    envelope,
+                    tx.trx,
+                    undefined,
+                    p.messaging,
+                  ),
+                ),
+                Effect.mapError((error) => new FailedAt(at, error)),
+                Effect.andThen(nowRunning(running, -1)),
+                Effect.flatMap(() => handleFrom(mine, at + 1)),
+              )
+            }
+            const marked: Effect.Effect<ReadonlyArray<boolean>, StoreError> = items.length === 1
+              ? Effect.map(
+                  tx.markProcessed(p.consumer, items[0]!.row.key, token, attempts(items[0]!)),
+                  (mine) => [mine],
+                )
+              : tx.markProcessedAll(
                   p.consumer,
-                  decoded.handler,
-                  decoded.payload,
-                  envelope,
-                  tx.trx,
-                  undefined,
-                  p.messaging,
-                ).pipe(Effect.mapError((error) => new FailedAt(i, error)))
-                yield* nowRunning(running, -1)
-              }
-              return mine
-            }),
+                  token,
+                  items.map((item) => ({ key: item.row.key, attempts: attempts(item) })),
+                )
+            return Effect.flatMap(marked, (mine) => handleFrom(mine, 0))
+          },
           // As in the consumer: the server cancels a handler's statement stuck past its time.
           { statementTimeoutMs: p.handlerTimeoutMs },
         ),
