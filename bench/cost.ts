@@ -515,10 +515,10 @@ async function runOnce(
       claimsBefore === undefined || claimsAfter === undefined || claimsAfter.claims === claimsBefore.claims
         ? undefined
         : {
-            perSecond: ((claimsAfter.claims - claimsBefore.claims) * 1000) / (claimsAfter.at - claimsBefore.at),
+            perSecond:
+              ((claimsAfter.claims - claimsBefore.claims) * 1000) / (claimsAfter.at - claimsBefore.at),
             empty:
-              1 -
-              (claimsAfter.batches - claimsBefore.batches) / (claimsAfter.claims - claimsBefore.claims),
+              1 - (claimsAfter.batches - claimsBefore.batches) / (claimsAfter.claims - claimsBefore.claims),
           }
     // Backends publish their counters within a second of their last transaction.
     await sleep(1100)
