@@ -72,6 +72,7 @@ export {
   type TransportShape,
 } from "./ports/Transport.ts"
 export type {
+  HousekeepingLeasesTable,
   InboxBindingsTable,
   InboxConsumersTable,
   InboxCursorsTable,

@@ -161,8 +161,11 @@ export interface MigrationsTable {
 
 /** `housekeeping_leases` (migration 0012): one row per task, held by one process at a time. */
 export interface HousekeepingLeasesTable {
+  /** The task: `outbox.lag`, `outbox.retention`. */
   task: string
+  /** The holding process's id (a UUID each relay draws at start). */
   holder: string
+  /** When the holder's lease runs out, unless it renews it: then another process may take the task. */
   held_until: Date
 }
 

@@ -266,6 +266,43 @@ test("a queue declared by hand without txbox's arguments: declareTopology report
   }
 })
 
+test("queues an earlier txbox declared without x-queue-leader-locator are redeclared as they are: not legacy, no warning", async () => {
+  const exchange = uniqueName("topo-locator")
+  const consumer = uniqueName("locator")
+  const config = await Effect.runPromise(resolveConfig({ url: amqpUrl(), exchange }))
+  const args = consumerQueueArguments(consumer, config)
+  const { "x-queue-leader-locator": locator, ...withoutLocator } = args
+  expect(locator).toBe("balanced")
+  // As txbox declared them before it set the locator.
+  await withChannel(async (c) => {
+    await c.assertQueue(queueName(consumer), { durable: true, arguments: withoutLocator })
+    await c.assertQueue(deadQueueName(consumer), {
+      durable: true,
+      arguments: { "x-queue-type": "quorum", "x-delivery-limit": 1_000_000 },
+    })
+  })
+  // RabbitMQ compares the locator of a quorum queue like its other arguments.
+  expect(await refused(queueName(consumer), args)).toBe(true)
+  const declared = await Effect.runPromise(
+    declareTopology({ url: amqpUrl(), exchange, consumer, types: [Note.type] }),
+  )
+  expect(declared.legacyQueue).toBe(false)
+
+  const inbox = startInbox(exchange, consumer)
+  const relay = startRelay(exchange)
+  try {
+    await inbox.runPromise(Effect.void)
+    await relay.runPromise(Effect.void)
+    await enqueue("before-the-locator")
+    await eventually("handled", async () => (await effectsOf(consumer)) === 1)
+  } finally {
+    await relay.dispose()
+    await inbox.dispose()
+  }
+  expect(logged.filter((m) => m.includes(queueName(consumer)))).toEqual([])
+  await deleteQueues(consumer)
+})
+
 interface Run {
   readonly code: number | null
   readonly stdout: string

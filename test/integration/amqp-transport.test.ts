@@ -250,6 +250,10 @@ describe("publish", () => {
         url: "amqp://user:hunter2@localhost",
         reconnect: { initialDelay: "10 seconds", maxDelay: "1 second" },
       },
+      { urls: [] },
+      { urls: ["amqp://user:hunter2@localhost", "http://user:hunter2@localhost"] },
+      { url: "amqp://user:hunter2@localhost", urls: ["amqp://user:hunter2@other"] } as never,
+      {} as never,
     ]
     for (const config of configs) {
       const error = await Effect.runPromise(
@@ -257,6 +261,83 @@ describe("publish", () => {
       )
       expect(error._tag).toBe("ConfigError")
       expect(error.message).not.toContain("hunter2")
+    }
+  })
+
+  test("a cluster's URLs: the first round tries each, so one that answers is enough to start, even with failFast", async () => {
+    const [dead1, dead2] = [await closedPort(), await closedPort()]
+    const exchange = freshExchange()
+    const queue = await boundQueue(exchange, "orders.#")
+    // The round starts at a random URL: several layers, so most start at a dead one.
+    for (let i = 0; i < 4; i++) {
+      const outcomes = await run(
+        {
+          urls: [`amqp://user:pw@127.0.0.1:${dead1}`, amqpUrl(), `amqp://user:pw@127.0.0.1:${dead2}`],
+          exchange,
+          failFast: true,
+        },
+        publishAll([message(i)]),
+      )
+      expect(outcomes.map((o) => o._tag)).toEqual(["Confirmed"])
+    }
+    expect(await drain(queue, 4)).toHaveLength(4)
+
+    // None answers: one error naming each node by host and port, without credentials.
+    const exit = await Effect.runPromiseExit(
+      Layer.build(
+        AmqpTransport.layer({
+          urls: [`amqp://user:pw@127.0.0.1:${dead1}`, `amqp://user:pw@127.0.0.1:${dead2}`],
+          exchange,
+          failFast: true,
+        }),
+      ).pipe(Effect.scoped),
+    )
+    const text = String(Exit.isFailure(exit) ? exit.cause : "")
+    expect(text).toContain(`127.0.0.1:${dead1}: `)
+    expect(text).toContain(`127.0.0.1:${dead2}: `)
+    expect(text).not.toContain("pw@")
+  })
+
+  test("a cluster's URLs: when the connection is lost the transport moves on to the next URL", async () => {
+    const exchange = freshExchange()
+    const queue = await boundQueue(exchange, "orders.#")
+    const target = new URL(amqpUrl())
+    const proxies = [
+      await startTcpProxy(target.hostname, Number(target.port || 5672)),
+      await startTcpProxy(target.hostname, Number(target.port || 5672)),
+    ]
+    try {
+      const result = await run(
+        {
+          urls: proxies.map((p) => p.urlFor(amqpUrl())),
+          exchange,
+          reconnect: { initialDelay: "50 millis", maxDelay: "200 millis" },
+        },
+        Effect.gen(function* () {
+          const transport = yield* Transport
+          const before = yield* transport.publish([message(1)])
+          const first = proxies.findIndex((p) => p.connections() === 1)
+          // The node behind the first proxy goes away, and stays away.
+          proxies[first]!.block()
+          let up = false
+          for (let i = 0; i < 100 && !up; i++) {
+            yield* Effect.sleep(Duration.millis(50))
+            up = yield* transport.isConnected
+          }
+          const after = yield* transport.publish([message(2)])
+          return { before, first, up, after, carried: proxies.map((p) => p.connections()) }
+        }),
+      )
+      expect(result.first).toBeGreaterThanOrEqual(0)
+      expect(result.up).toBe(true)
+      expect(result.before.map((o) => o._tag)).toEqual(["Confirmed"])
+      expect(result.after.map((o) => o._tag)).toEqual(["Confirmed"])
+      // Through the other proxy now.
+      expect(result.carried[result.first]).toBe(0)
+      expect(result.carried[1 - result.first]).toBe(1)
+      expect(await drain(queue, 2)).toHaveLength(2)
+    } finally {
+      for (const proxy of proxies) await proxy.close()
     }
   })
 

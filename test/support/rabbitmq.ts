@@ -53,24 +53,166 @@ export const RABBITMQ_INSTALL_HINT = "apt-get install -y rabbitmq-server or set 
 
 const SBIN = "/usr/lib/rabbitmq/bin"
 
-function binaries(): { server: string; ctl: string; epmd: string } {
-  // Not /usr/sbin/rabbitmq-server: that wrapper switches user and writes to system directories.
-  const server = join(SBIN, "rabbitmq-server")
-  const ctl = join(SBIN, "rabbitmqctl")
-  const epmd = findExecutable("epmd", ["/usr/lib/erlang/bin/epmd"])
-  if (!existsSync(server) || !existsSync(ctl) || epmd === undefined) {
-    throw new Error(
-      `RabbitMQ not found (looked for ${SBIN}/rabbitmq-server and epmd): ${RABBITMQ_INSTALL_HINT}`,
-    )
-  }
-  return { server, ctl, epmd }
+export interface RabbitBinaries {
+  readonly server: string
+  readonly ctl: string
+  readonly epmd: string
 }
 
+/** Why the Debian package's scripts cannot be used here, or undefined when they can. */
+export function localRabbitMissing(): string | undefined {
+  const epmd = findExecutable("epmd", ["/usr/lib/erlang/bin/epmd"])
+  if (existsSync(join(SBIN, "rabbitmq-server")) && existsSync(join(SBIN, "rabbitmqctl")) && epmd) return
+  return `RabbitMQ not found (looked for ${SBIN}/rabbitmq-server and epmd)`
+}
+
+export function rabbitBinaries(): RabbitBinaries {
+  const missing = localRabbitMissing()
+  if (missing !== undefined) throw new Error(`${missing}: ${RABBITMQ_INSTALL_HINT}`)
+  // Not /usr/sbin/rabbitmq-server: that wrapper switches user and writes to system directories.
+  return {
+    server: join(SBIN, "rabbitmq-server"),
+    ctl: join(SBIN, "rabbitmqctl"),
+    epmd: findExecutable("epmd", ["/usr/lib/erlang/bin/epmd"])!,
+  }
+}
+
+/** The ports of the CLI's distribution range (rabbitmqctl is an Erlang node too). */
+export const CTL_PORTS = 10
+
 /** Ports, in one free block: AMQP, Erlang distribution, epmd, then the CLI's distribution range. */
-const PORT_BLOCK = 3 + 10
+const PORT_BLOCK = 3 + CTL_PORTS
+
+/** Where one node lives and listens. */
+export interface NodeLayout {
+  /** Erlang node name, `name@localhost`. */
+  readonly node: string
+  /** HOME, with the Erlang cookie: shared by the nodes of a cluster and their CLI. */
+  readonly home: string
+  /** The node's own files: mnesia, logs, pid file, its (empty) config files. */
+  readonly dir: string
+  readonly port: number
+  readonly distPort: number
+  /** First port of the CLI's distribution range (`CTL_PORTS` long). */
+  readonly ctlPort: number
+  readonly epmdPort: number
+}
+
+export const pidFileOf = (layout: Pick<NodeLayout, "dir">): string => join(layout.dir, "rabbit.pid")
+export const logDirOf = (layout: Pick<NodeLayout, "dir">): string => join(layout.dir, "log")
+
+/** A clean environment for a node and its CLI: a developer's RABBITMQ_* or ERL_* variables must not leak in. */
+export function nodeEnv(layout: NodeLayout): NodeJS.ProcessEnv {
+  const { dir } = layout
+  return {
+    PATH: process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin",
+    LANG: "C.UTF-8",
+    LC_ALL: "C.UTF-8",
+    HOME: layout.home,
+    RABBITMQ_NODENAME: layout.node,
+    RABBITMQ_NODE_IP_ADDRESS: "127.0.0.1",
+    RABBITMQ_NODE_PORT: String(layout.port),
+    // The default (AMQP port + 20000) is no port at all above 45535.
+    RABBITMQ_DIST_PORT: String(layout.distPort),
+    RABBITMQ_CTL_DIST_PORT_MIN: String(layout.ctlPort),
+    RABBITMQ_CTL_DIST_PORT_MAX: String(layout.ctlPort + CTL_PORTS - 1),
+    RABBITMQ_MNESIA_BASE: join(dir, "mnesia"),
+    RABBITMQ_LOG_BASE: logDirOf(layout),
+    RABBITMQ_PID_FILE: pidFileOf(layout),
+    RABBITMQ_CONF_ENV_FILE: join(dir, "rabbitmq-env.conf"),
+    RABBITMQ_CONFIG_FILE: join(dir, "rabbitmq"),
+    RABBITMQ_ADVANCED_CONFIG_FILE: join(dir, "advanced.config"),
+    RABBITMQ_ENABLED_PLUGINS_FILE: join(dir, "enabled_plugins"),
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS: "-kernel inet_dist_use_interface {127,0,0,1}",
+    // A private epmd: the shared one on 0.0.0.0:4369 would outlive the node.
+    ERL_EPMD_PORT: String(layout.epmdPort),
+    ERL_EPMD_ADDRESS: "127.0.0.1",
+    // Any Erlang VM here (node or CLI) that finds no epmd would start a shared daemon that outlives
+    // the run (`rabbitmqctl help` does); with ours gone, failing is the right outcome.
+    ERL_ZFLAGS: "-start_epmd false",
+  }
+}
+
+/** The node's directories and (empty) files; call before `chown`. */
+export function prepareNodeDir(layout: NodeLayout): void {
+  mkdirSync(join(layout.dir, "mnesia"), { recursive: true })
+  mkdirSync(logDirOf(layout), { recursive: true })
+  writeFileSync(join(layout.dir, "rabbitmq-env.conf"), "")
+  writeFileSync(join(layout.dir, "enabled_plugins"), "[].\n")
+}
+
+/** The Erlang cookie in `home`. Written before any node starts: the node and the CLI would otherwise race to create it. */
+export function writeCookie(home: string): void {
+  writeFileSync(join(home, ".erlang.cookie"), randomBytes(15).toString("hex").toUpperCase())
+  chmodSync(join(home, ".erlang.cookie"), 0o400)
+}
+
+/** The OS pid in a node's pid file, if there is one. */
+export function readPid(pidFile: string): number | undefined {
+  try {
+    const pid = Number(readFileSync(pidFile, "utf8").trim())
+    return Number.isInteger(pid) && pid > 0 ? pid : undefined
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * Starts a private epmd on 127.0.0.1:`port`, its pid written to `dir/epmd.pid`. Spawned, not
+ * -daemon, so we hold its PID; detached so a terminal's Ctrl-C does not kill it before the nodes
+ * are stopped (rabbitmqctl finds them through it).
+ */
+export async function startEpmd(
+  bin: RabbitBinaries,
+  user: UserIds | undefined,
+  env: NodeJS.ProcessEnv,
+  dir: string,
+  port: number,
+): Promise<ChildProcess> {
+  const [file, args] = asUser(user, bin.epmd, ["-address", "127.0.0.1", "-port", String(port)])
+  const epmd = spawn(file, args, { env, cwd: dir, stdio: "ignore", detached: true })
+  epmd.unref()
+  writeFileSync(join(dir, "epmd.pid"), String(epmd.pid))
+  await waitForPort(port, 5_000)
+  return epmd
+}
+
+/** Runs `rabbitmqctl -n NODE ...args` as the broker's user with the node's environment. */
+export type Ctl = (args: readonly string[], timeoutMs?: number) => Promise<string>
+
+export function nodeCtl(bin: RabbitBinaries, user: UserIds | undefined, layout: NodeLayout): Ctl {
+  const env = nodeEnv(layout)
+  return (args, timeoutMs = 60_000) =>
+    run(bin.ctl, ["-n", layout.node, ...args], { ...(user ? { user } : {}), env, cwd: layout.dir, timeoutMs })
+}
+
+/** Boots a node (`-detached`) and waits until it has started. Its directories must exist. */
+export async function bootNode(
+  bin: RabbitBinaries,
+  user: UserIds | undefined,
+  layout: NodeLayout,
+): Promise<void> {
+  const ctl = nodeCtl(bin, user, layout)
+  await run(bin.server, ["-detached"], { ...(user ? { user } : {}), env: nodeEnv(layout), cwd: layout.dir })
+  // await_startup right after -detached fails with "node not running": wait on the pid file first.
+  await ctl(["wait", pidFileOf(layout)], 90_000)
+  await ctl(["await_startup"], 60_000)
+}
+
+/** The error for a node that did not start: its log's tail; `PortTaken` when a port was taken. */
+export function bootFailure(layout: NodeLayout, error: unknown): Error {
+  const logDir = logDirOf(layout)
+  const log =
+    tailFile(join(logDir, `${layout.node}.log`)) || tailFile(join(logDir, `${layout.node}_upgrade.log`))
+  const crash = readdirSafe(logDir).includes("erl_crash.dump") ? " (erl_crash.dump written)" : ""
+  if (/eaddrinuse/i.test(log)) return new PortTaken(log)
+  const message = error instanceof Error ? error.message : String(error)
+  const details = log ? `\n--- ${layout.node}.log\n${log}` : ""
+  return new Error(`could not start a local RabbitMQ${crash}: ${message}${details}`, { cause: error })
+}
 
 export async function startLocalRabbit(): Promise<LocalRabbit> {
-  const bin = binaries()
+  const bin = rabbitBinaries()
   const user: UserIds | undefined = isRoot() ? await userIds("rabbitmq") : undefined
   for (let attempt = 1; ; attempt++) {
     try {
@@ -83,12 +225,10 @@ export async function startLocalRabbit(): Promise<LocalRabbit> {
   }
 }
 
-class PortTaken extends Error {}
+/** A port of the block was taken between the check and the bind: try another block. */
+export class PortTaken extends Error {}
 
-async function attemptStart(
-  bin: { server: string; ctl: string; epmd: string },
-  user: UserIds | undefined,
-): Promise<LocalRabbit> {
+async function attemptStart(bin: RabbitBinaries, user: UserIds | undefined): Promise<LocalRabbit> {
   const base = await freePortBlock(PORT_BLOCK)
   const port = base
   const epmdPort = base + 2
@@ -100,49 +240,20 @@ async function attemptStart(
     'for f in rabbit.pid epmd.pid; do pid=$(cat "$1/$f" 2>/dev/null) && kill -KILL "$pid"; done; sleep 1; rm -rf "$1"',
     [dir],
   )
-  const pidFile = join(dir, "rabbit.pid")
-  const logDir = join(dir, "log")
-
-  // A clean environment: a developer's RABBITMQ_* or ERL_* variables must not leak in.
-  const env: NodeJS.ProcessEnv = {
-    PATH: process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin",
-    LANG: "C.UTF-8",
-    LC_ALL: "C.UTF-8",
-    HOME: dir,
-    RABBITMQ_NODENAME: node,
-    RABBITMQ_NODE_IP_ADDRESS: "127.0.0.1",
-    RABBITMQ_NODE_PORT: String(port),
-    // The default (AMQP port + 20000) is no port at all above 45535.
-    RABBITMQ_DIST_PORT: String(base + 1),
-    RABBITMQ_CTL_DIST_PORT_MIN: String(base + 3),
-    RABBITMQ_CTL_DIST_PORT_MAX: String(base + PORT_BLOCK - 1),
-    RABBITMQ_MNESIA_BASE: join(dir, "mnesia"),
-    RABBITMQ_LOG_BASE: logDir,
-    RABBITMQ_PID_FILE: pidFile,
-    RABBITMQ_CONF_ENV_FILE: join(dir, "rabbitmq-env.conf"),
-    RABBITMQ_CONFIG_FILE: join(dir, "rabbitmq"),
-    RABBITMQ_ADVANCED_CONFIG_FILE: join(dir, "advanced.config"),
-    RABBITMQ_ENABLED_PLUGINS_FILE: join(dir, "enabled_plugins"),
-    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS: "-kernel inet_dist_use_interface {127,0,0,1}",
-    // A private epmd: the shared one on 0.0.0.0:4369 would outlive the node.
-    ERL_EPMD_PORT: String(epmdPort),
-    ERL_EPMD_ADDRESS: "127.0.0.1",
-    // Any Erlang VM here (node or CLI) that finds no epmd would start a shared daemon that outlives
-    // the run (`rabbitmqctl help` does); with ours gone, failing is the right outcome.
-    ERL_ZFLAGS: "-start_epmd false",
+  const layout: NodeLayout = {
+    node,
+    home: dir,
+    dir,
+    port,
+    distPort: base + 1,
+    ctlPort: base + 3,
+    epmdPort,
   }
-  const runOpts = { ...(user ? { user } : {}), env, cwd: dir }
-  const ctl = (args: readonly string[], timeoutMs = 60_000) =>
-    run(bin.ctl, ["-n", node, ...args], { ...runOpts, timeoutMs })
+  const pidFile = pidFileOf(layout)
+  const env = nodeEnv(layout)
+  const ctl = nodeCtl(bin, user, layout)
 
-  const nodePid = (): number | undefined => {
-    try {
-      const pid = Number(readFileSync(pidFile, "utf8").trim())
-      return Number.isInteger(pid) && pid > 0 ? pid : undefined
-    } catch {
-      return undefined
-    }
-  }
+  const nodePid = (): number | undefined => readPid(pidFile)
   let epmd: ChildProcess | undefined
   const killAllSync = () => {
     const pid = nodePid()
@@ -153,35 +264,15 @@ async function attemptStart(
   }
 
   try {
-    mkdirSync(join(dir, "mnesia"))
-    mkdirSync(logDir)
-    writeFileSync(join(dir, "rabbitmq-env.conf"), "")
-    writeFileSync(join(dir, "enabled_plugins"), "[].\n")
-    // Written before the node starts: the node and the CLI would otherwise race to create it.
-    writeFileSync(join(dir, ".erlang.cookie"), randomBytes(15).toString("hex").toUpperCase())
-    chmodSync(join(dir, ".erlang.cookie"), 0o400)
+    prepareNodeDir(layout)
+    writeCookie(dir)
     if (user) await run("chown", ["-R", `${user.uid}:${user.gid}`, dir])
-
-    // Spawned, not -daemon, so we hold its PID; detached so a terminal's Ctrl-C does not kill it
-    // before the node is stopped (rabbitmqctl finds the node through it).
-    const [file, args] = asUser(user, bin.epmd, ["-address", "127.0.0.1", "-port", String(epmdPort)])
-    epmd = spawn(file, args, { env, cwd: dir, stdio: "ignore", detached: true })
-    epmd.unref()
-    writeFileSync(join(dir, "epmd.pid"), String(epmd.pid))
-    await waitForPort(epmdPort, 5_000)
-
-    await run(bin.server, ["-detached"], runOpts)
-    // await_startup right after -detached fails with "node not running": wait on the pid file first.
-    await ctl(["wait", pidFile], 90_000)
-    await ctl(["await_startup"], 60_000)
+    epmd = await startEpmd(bin, user, env, dir, epmdPort)
+    await bootNode(bin, user, layout)
   } catch (error) {
-    const log = tailFile(join(logDir, `${node}.log`)) || tailFile(join(logDir, `${node}_upgrade.log`))
-    const crash = readdirSafe(logDir).includes("erl_crash.dump") ? " (erl_crash.dump written)" : ""
+    const failure = bootFailure(layout, error)
     killAllSync()
-    if (/eaddrinuse/i.test(log)) throw new PortTaken(log)
-    const message = error instanceof Error ? error.message : String(error)
-    const details = log ? `\n--- ${node}.log\n${log}` : ""
-    throw new Error(`could not start a local RabbitMQ${crash}: ${message}${details}`, { cause: error })
+    throw failure
   }
 
   let stopped: Promise<void> | undefined

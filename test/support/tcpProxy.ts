@@ -7,6 +7,8 @@ export interface TcpProxy {
   readonly port: number
   /** `url` with its host:port replaced by the proxy's. */
   readonly urlFor: (url: string) => string
+  /** Client connections it carries right now. */
+  readonly connections: () => number
   readonly block: () => void
   readonly unblock: () => void
   readonly close: () => Promise<void>
@@ -15,6 +17,7 @@ export interface TcpProxy {
 export const startTcpProxy = async (targetHost: string, targetPort: number): Promise<TcpProxy> => {
   let blocked = false
   const sockets = new Set<net.Socket>()
+  const clients = new Set<net.Socket>()
   const server = net.createServer((client) => {
     if (blocked) {
       client.destroy()
@@ -23,11 +26,13 @@ export const startTcpProxy = async (targetHost: string, targetPort: number): Pro
     const upstream = net.connect(targetPort, targetHost)
     sockets.add(client)
     sockets.add(upstream)
+    clients.add(client)
     const drop = () => {
       client.destroy()
       upstream.destroy()
       sockets.delete(client)
       sockets.delete(upstream)
+      clients.delete(client)
     }
     client.on("error", drop).on("close", drop)
     upstream.on("error", drop).on("close", drop)
@@ -44,10 +49,12 @@ export const startTcpProxy = async (targetHost: string, targetPort: number): Pro
       u.port = String(port)
       return u.toString()
     },
+    connections: () => clients.size,
     block: () => {
       blocked = true
       for (const s of sockets) s.destroy()
       sockets.clear()
+      clients.clear()
     },
     unblock: () => {
       blocked = false

@@ -10,6 +10,8 @@ describe("delay queue arguments", () => {
       "x-dead-letter-strategy": "at-least-once",
       "x-overflow": "reject-publish",
       "x-expires": 60_000,
+      // Leaders spread over a cluster's nodes.
+      "x-queue-leader-locator": "balanced",
     })
   })
 })

@@ -2,7 +2,7 @@
 // meets when a driver is not installed or a setting comes from the environment. No server: nothing
 // here connects (a bad setting fails before any connection, a missing driver before any pool).
 import { describe, expect, test } from "bun:test"
-import { Config, ConfigProvider, Effect, Exit, Layer } from "effect"
+import { Config, ConfigProvider, Effect, Exit, Layer, Schema } from "effect"
 import { CamelCasePlugin, Kysely, PostgresAdapter, PostgresIntrospector, PostgresQueryCompiler } from "kysely"
 import * as AmqpTransport from "../../src/amqpTransport.ts"
 import { loadDriver, missingDriverMessage } from "../../src/drivers.ts"
@@ -122,6 +122,15 @@ describe("layerConfig", () => {
     )
     expect(error).toBeInstanceOf(ConfigError)
     expect(error.message).toContain("DB_POOL")
+  })
+
+  test("AmqpTransport.layerConfig reads a cluster's urls as a comma-separated list, each checked and named", async () => {
+    const error = await layerFailure(
+      AmqpTransport.layerConfig({ urls: Config.Array(Schema.RedactedFromValue(Schema.String), "AMQP_URLS") }),
+      ConfigProvider.fromUnknown({ AMQP_URLS: "amqp://guest:secret@mq1,http://guest:secret@mq2" }),
+    )
+    expect(error).toBeInstanceOf(ConfigError)
+    expect(error.message).toBe("amqp urls[1] must use amqp: or amqps:, got http:")
   })
 
   test("AmqpTransport.layerConfig and PgliteStore.layerConfig read theirs the same way", async () => {

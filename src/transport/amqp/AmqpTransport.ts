@@ -1,15 +1,17 @@
 /**
  * The RabbitMQ transport: provides the `Transport` port with amqplib.
  *
- * - one connection per layer, reconnected in the background with backoff;
+ * - one connection per layer, reconnected in the background with backoff; to
+ *   a cluster, given its nodes' `urls`, to the next node in round robin;
  * - one confirm channel for publishing, every message of a batch in flight at
  *   once (bounded by `publishWindow`), `mandatory` so unroutable messages come
  *   back as `Returned` instead of counting as sent;
  * - one channel per subscription, manual acks, retries through delay queues.
  *
  * Topology: a durable topic exchange; each consumer owns a durable queue
- * `txbox.<consumer>` (quorum by default) bound to its event types, declared
- * when it subscribes or ahead of time with `declareTopology` (topology.ts).
+ * `txbox.<consumer>` (quorum by default, leaders spread over a cluster's
+ * nodes) bound to its event types, declared when it subscribes or ahead of
+ * time with `declareTopology` (topology.ts).
  *
  * Tracing: the batch is a CLIENT span, each message a PRODUCER span whose
  * context is sent as its `traceparent` (OpenTelemetry messaging conventions).

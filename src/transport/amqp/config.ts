@@ -16,13 +16,36 @@ export interface ReconnectPolicy {
   readonly maxDelay?: Duration.Input
 }
 
-/** The settings of `AmqpTransport.layer`: the broker URL, and how the transport publishes, consumes and reconnects (each with its default). */
-export interface AmqpTransportConfig {
-  /**
-   * Broker URL, `amqp://user:pass@host:5672/vhost` (or `amqps://`). It is never
-   * printed: credentials are removed from every error and log line.
-   */
-  readonly url: string
+/**
+ * Where the broker is: one URL, or the URLs of a cluster's nodes. Exactly one
+ * of `url` and `urls`.
+ */
+export type BrokerUrls =
+  | {
+      /**
+       * Broker URL, `amqp://user:pass@host:5672/vhost` (or `amqps://`). It is never
+       * printed: credentials are removed from every error and log line.
+       */
+      readonly url: string
+      readonly urls?: undefined
+    }
+  | {
+      /**
+       * The URLs of a RabbitMQ cluster's nodes, each like `url` (the same vhost
+       * on each, or the queues differ). The transport holds one connection, to one
+       * of them: it starts at a random one, so the processes that share this
+       * list spread their connections over the cluster instead of all landing
+       * on the first node (and all falling over to the second when it goes);
+       * each later attempt, after a lost connection or a failed connect, takes
+       * the next URL, round robin. A round of attempts tries each URL once, back
+       * to back; the reconnect backoff is between rounds.
+       */
+      readonly urls: ReadonlyArray<string>
+      readonly url?: undefined
+    }
+
+/** The settings of `AmqpTransport.layer` besides the broker's URLs: how the transport publishes, consumes and reconnects (each with its default). */
+export interface AmqpTransportOptions {
   /** The durable topic exchange events are published to and consumer queues bind to. @default "txbox.events" */
   readonly exchange?: string
   /** CloudEvents `source` attribute and AMQP `appId` of published messages. @default "txbox" */
@@ -45,12 +68,30 @@ export interface AmqpTransportConfig {
    * Set explicitly because RabbitMQ 4.x gives quorum queues a default limit
    * of 20 and, with no dead-letter target, drops the message at it; 3.x has
    * no default. Quorum queues only (classic queues have no delivery limit).
+   *
+   * Sized for failover too: a cluster node lost (or a consumer's connection to
+   * it) returns the deliveries its consumers held, once each, so a node loss
+   * spends one of the 20 for at most `prefetch` messages per consumer; the
+   * queue's own replicas on the other nodes keep what they hold. It takes
+   * about 20 such losses while one message is in flight to make it dead.
    * @default 20
    */
   readonly deliveryLimit?: number
   /** Backoff for reconnecting after the connection is lost or cannot be opened. @default { initialDelay: "500 millis", factor: 2, maxDelay: "30 seconds" } */
   readonly reconnect?: ReconnectPolicy
-  /** AMQP heartbeat (whole seconds; 0 disables). A dead peer is noticed after about two intervals. @default "30 seconds" */
+  /**
+   * AMQP heartbeat (whole seconds; 0 disables). A dead peer is noticed after
+   * two to three intervals without a frame from it.
+   *
+   * For failover: a node that crashes or is killed has its sockets closed by
+   * its host, and the transport moves to the next URL at once, heartbeat or
+   * not. Heartbeats matter when a node's host vanishes (power, network): at the
+   * default, 60–90 s. That is about what the cluster itself takes to declare
+   * such a node down (Erlang's `net_ticktime`, 60 s by default: 45–75 s), and
+   * quorum queues led by it elect a new leader only then, so a shorter
+   * heartbeat reconnects sooner without making those queues available sooner.
+   * @default "30 seconds"
+   */
   readonly heartbeat?: Duration.Input
   /** Bound on opening the TCP connection and the AMQP handshake. @default "10 seconds" */
   readonly connectTimeout?: Duration.Input
@@ -66,17 +107,22 @@ export interface AmqpTransportConfig {
    */
   readonly retryQueueExpiry?: Duration.Input
   /**
-   * Fail building the layer when the first connection attempt fails (for
-   * one-shot tools). Otherwise the layer starts disconnected, `publish` fails
-   * fast with `TransportError`, and it keeps reconnecting in the background.
+   * Fail building the layer when the first round of connection attempts (each
+   * URL once) fails (for one-shot tools). Otherwise the layer starts
+   * disconnected, `publish` fails fast with `TransportError`, and it keeps
+   * reconnecting in the background.
    * @default false
    */
   readonly failFast?: boolean
 }
 
+/** The settings of `AmqpTransport.layer`: the broker's URL (or a cluster's URLs) and the options. */
+export type AmqpTransportConfig = AmqpTransportOptions & BrokerUrls
+
 /** The config with every default applied and every value checked. */
 export interface ResolvedConfig {
-  readonly url: string
+  /** At least one; one connection at a time, to the next of them in round robin. */
+  readonly urls: ReadonlyArray<string>
   readonly exchange: string
   readonly source: string
   readonly publishWindow: number
@@ -124,18 +170,38 @@ const positiveInteger = (name: string, value: number, max = Number.MAX_SAFE_INTE
   return value
 }
 
-const checkUrl = (url: string): string => {
+/** `name` names the option in the error: `url`, or `urls[i]`. */
+const checkUrl = (name: string, url: unknown): string => {
   let protocol: string
   try {
+    if (typeof url !== "string") throw new TypeError("not a string")
     protocol = new URL(url).protocol
   } catch {
     // Never echo the URL: it may carry a password.
-    throw new ConfigError({ reason: "amqp url is not a valid URL" })
+    throw new ConfigError({ reason: `amqp ${name} is not a valid URL` })
   }
   if (protocol !== "amqp:" && protocol !== "amqps:") {
-    throw new ConfigError({ reason: `amqp url must use amqp: or amqps:, got ${protocol}` })
+    throw new ConfigError({ reason: `amqp ${name} must use amqp: or amqps:, got ${protocol}` })
   }
   return url
+}
+
+/** `url` or `urls`, exactly one, as a non-empty list. */
+const checkUrls = (config: AmqpTransportConfig): ReadonlyArray<string> => {
+  const { url, urls } = config as { readonly url?: unknown; readonly urls?: unknown }
+  if (url !== undefined && urls !== undefined) {
+    throw new ConfigError({
+      reason: "amqp url and urls are exclusive: give one broker URL or a cluster's URLs",
+    })
+  }
+  if (urls === undefined) {
+    if (url === undefined) throw new ConfigError({ reason: "amqp url (or urls, for a cluster) is required" })
+    return [checkUrl("url", url)]
+  }
+  if (!Array.isArray(urls) || urls.length === 0) {
+    throw new ConfigError({ reason: "amqp urls must be a non-empty array of broker URLs" })
+  }
+  return urls.map((each, i) => checkUrl(`urls[${i}]`, each))
 }
 
 const resolveUnsafe = (config: AmqpTransportConfig): ResolvedConfig => {
@@ -156,7 +222,7 @@ const resolveUnsafe = (config: AmqpTransportConfig): ResolvedConfig => {
   const policy = makeRetryPolicy({ ...defaultRetryPolicy, ...reconnect, jitter: true })
   const heartbeatMs = millis("heartbeat", config.heartbeat ?? defaults.heartbeat, 0)
   return {
-    url: checkUrl(config.url),
+    urls: checkUrls(config),
     exchange,
     source,
     publishWindow: positiveInteger("publishWindow", config.publishWindow ?? defaults.publishWindow),

@@ -3,6 +3,11 @@
  * fiber connects, waits for the connection to drop, and reconnects with the
  * configured backoff. Everything is acquired in scopes, so closing the layer
  * closes channels, then the connection, then stops the supervisor.
+ *
+ * With a cluster's URLs, each attempt takes the next URL, round robin from a
+ * random start (config.ts says why): a lost node sends the connection, and
+ * with it publishing and every subscription (resubscribe.ts waits for the
+ * connection), to the next node.
  */
 import type { Channel, ChannelModel, ConfirmChannel } from "amqplib"
 import { Deferred, Duration, Effect, Exit, Latch, Scope } from "effect"
@@ -14,6 +19,8 @@ import type { ConfirmPublisher } from "./confirms.ts"
 /** A connection that is up, with the scope its channels live in. */
 export interface Live {
   readonly model: ChannelModel
+  /** `host:port` of the node it is connected to (no credentials), for logs. */
+  readonly endpoint: string
   /** Closed when the connection is lost or the layer closes; channels are acquired in children of it. */
   readonly scope: Scope.Scope
   /** The publishing confirm channel, opened on first use and reopened after a channel error. */
@@ -172,17 +179,24 @@ const closeModel = (model: ChannelModel): Effect.Effect<void> =>
     Effect.ignore,
   )
 
-/** The URL amqplib connects to: the configured one with our heartbeat unless it sets its own. */
-const connectUrl = (config: ResolvedConfig): string => {
-  const url = new URL(config.url)
+/** The URL amqplib connects to: a configured one with our heartbeat unless it sets its own. */
+const connectUrl = (config: ResolvedConfig, configured: string): string => {
+  const url = new URL(configured)
   if (!url.searchParams.has("heartbeat")) url.searchParams.set("heartbeat", String(config.heartbeatSeconds))
   return url.toString()
+}
+
+/** `host:port` of a broker URL: what logs and errors name, never its credentials. */
+export const endpointOf = (configured: string): string => {
+  const url = new URL(configured)
+  return `${url.hostname}:${url.port || (url.protocol === "amqps:" ? "5671" : "5672")}`
 }
 
 interface Opened {
   readonly model: ChannelModel
   /** Completed with the reason when the connection closes. */
   readonly lost: Deferred.Deferred<unknown>
+  readonly endpoint: string
 }
 
 type Amqplib = typeof import("amqplib")
@@ -230,16 +244,19 @@ const coalesceWrites = (model: ChannelModel): void => {
   }
 }
 
-/** Connects; `onClose` runs synchronously on the connection's `close` event. */
+const CONNECT = "AmqpTransport.connect"
+
+/** Connects to `url`; `onClose` runs synchronously on the connection's `close` event. */
 const openModel = (
   amqp: Amqplib,
   config: ResolvedConfig,
+  url: string,
   onClose: () => void,
 ): Effect.Effect<Opened, TransportError> =>
   Effect.callback<Opened, TransportError>((resume) => {
     let abandoned = false
     amqp
-      .connect(connectUrl(config), {
+      .connect(connectUrl(config, url), {
         timeout: config.connectTimeoutMs,
         clientProperties: { connection_name: `txbox ${config.source}` },
       })
@@ -261,20 +278,63 @@ const openModel = (
           coalesceWrites(model)
           // Interrupted while connecting: nobody will close this one but us.
           if (abandoned) model.close().catch(() => {})
-          else resume(Effect.succeed({ model, lost }))
+          else resume(Effect.succeed({ model, lost, endpoint: endpointOf(url) }))
         },
-        (cause: unknown) => resume(Effect.fail(transportError("connection", "AmqpTransport.connect", cause))),
+        (cause: unknown) => resume(Effect.fail(transportError("connection", CONNECT, cause))),
       )
     return Effect.sync(() => {
       abandoned = true
     })
   })
 
+/** Which URL the next attempt takes: an index into `config.urls`, advanced by every attempt. */
+interface Cursor {
+  next: number
+}
+
+/**
+ * One round of attempts: the next URL, and when that fails the one after it,
+ * until one connects or each has been tried once. Back to back: a dead node
+ * in the list costs one failed connect, not a backoff. With several URLs a
+ * failed round names each one's error (host and port only).
+ */
+const openRound = (
+  amqp: Amqplib,
+  config: ResolvedConfig,
+  cursor: Cursor,
+  onClose: () => void,
+): Effect.Effect<Opened, TransportError> =>
+  Effect.suspend(() => {
+    const { urls } = config
+    const failures: string[] = []
+    const attempt = (left: number): Effect.Effect<Opened, TransportError> =>
+      Effect.suspend(() => {
+        const url = urls[cursor.next % urls.length]!
+        cursor.next = (cursor.next + 1) % urls.length
+        return openModel(amqp, config, url, onClose).pipe(
+          Effect.catch((error) => {
+            if (urls.length === 1) return Effect.fail(error)
+            failures.push(`${endpointOf(url)}: ${describeCause(error.cause)}`)
+            if (left > 1) {
+              return Effect.logDebug(
+                `txbox amqp: cannot connect to ${failures.at(-1)}; trying the next URL`,
+              ).pipe(Effect.andThen(attempt(left - 1)))
+            }
+            return Effect.fail(
+              transportError("connection", CONNECT, `no broker URL answered: ${failures.join("; ")}`),
+            )
+          }),
+        )
+      })
+    return attempt(urls.length)
+  })
+
 /**
  * Starts the connection supervisor in the current scope and waits for its
- * first attempt, so a transport built against a healthy broker is connected
- * when the layer is ready. If that attempt fails, the layer still starts
- * (unless `failFast`) and keeps reconnecting in the background.
+ * first round of attempts (each URL once), so a transport built against a
+ * healthy broker, or a cluster with a node down, is connected when the layer
+ * is ready. If that round fails, the layer still starts (unless `failFast`)
+ * and keeps reconnecting in the background.
  */
 export const makeConnection: (
   config: ResolvedConfig,
@@ -282,6 +342,8 @@ export const makeConnection: (
   config: ResolvedConfig,
 ) {
   const amqp = yield* loadAmqplib
+  // A random start spreads the processes that share one list of URLs over the cluster.
+  const cursor: Cursor = { next: Math.floor(Math.random() * config.urls.length) }
   let live: Live | undefined
   let lastError: unknown
   const connected = yield* Latch.make(false)
@@ -293,21 +355,27 @@ export const makeConnection: (
   }
 
   const lifetime = Effect.gen(function* () {
-    const { model, lost } = yield* Effect.acquireRelease(openModel(amqp, config, markDown), ({ model }) =>
-      closeModel(model),
+    const { model, lost, endpoint } = yield* Effect.acquireRelease(
+      openRound(amqp, config, cursor, markDown),
+      ({ model }) => closeModel(model),
+      // A round can try several URLs: closing the layer must not wait for it (an
+      // abandoned connect closes what it opens, see openModel).
+      { interruptible: true },
     )
     yield* Effect.addFinalizer(() => Effect.sync(markDown))
     // The connection may have dropped while this fiber was waiting to resume.
     if (!Deferred.isDoneUnsafe(lost)) {
-      live = { model, scope: yield* Effect.scope, publisher: undefined }
+      live = { model, endpoint, scope: yield* Effect.scope, publisher: undefined }
       lastError = undefined
       connected.openUnsafe()
       Deferred.doneUnsafe(firstAttempt, Effect.void)
-      yield* Effect.logDebug("txbox amqp: connected")
+      yield* Effect.logDebug(`txbox amqp: connected to ${endpoint}`)
     }
     const cause = yield* Deferred.await(lost)
     lastError = cause
-    yield* Effect.logWarning(`txbox amqp: connection lost (${describeCause(cause)}); reconnecting`)
+    yield* Effect.logWarning(
+      `txbox amqp: connection to ${endpoint} lost (${describeCause(cause)}); reconnecting`,
+    )
   }).pipe(
     Effect.scoped,
     Effect.tapError((error) =>
@@ -319,8 +387,9 @@ export const makeConnection: (
     ),
   )
 
-  // Each loss starts a fresh backoff; the pause after a loss keeps a connection
-  // that drops right after opening from turning into a reconnect storm.
+  // Each loss starts a fresh backoff, between rounds (a round tries each URL
+  // once); the pause after a loss keeps a connection that drops right after
+  // opening from turning into a reconnect storm.
   const supervisor = lifetime.pipe(
     Effect.retry(config.reconnect),
     Effect.andThen(Effect.sleep(Duration.millis(config.reconnectInitialMs))),

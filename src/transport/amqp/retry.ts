@@ -8,9 +8,9 @@ import type { ConsumeMessage } from "amqplib"
 import { Cause, Duration, Effect, Exit } from "effect"
 import { describeCause, type TransportError } from "../../Errors.ts"
 import type { DeliveryDecision, PublishOutcome } from "../../ports/Transport.ts"
-import { type Connection, openPlainChannel, rpc } from "./connection.ts"
+import type { Connection } from "./connection.ts"
 import { ack, type Generation, requeue } from "./generation.ts"
-import { delayQueueArguments, delayQueueName } from "./topology.ts"
+import { declareQueue, delayQueueArguments, delayQueueName, onOwnChannel } from "./topology.ts"
 import { retryCopyOptions } from "./wire.ts"
 
 /**
@@ -44,19 +44,11 @@ export const makeDeclareDelayQueue = (
       if (!force && last !== undefined && Date.now() - last < redeclareAfterMs) return Effect.void
       const live = connection.current()
       if (live === undefined) return Effect.fail(connection.notConnected(operation))
-      // A short-lived channel of its own: a refused declaration (406 when the
+      // Short-lived channels of their own: a refused declaration (406 when the
       // queue exists with other arguments) closes that channel, not the consumer's.
-      return Effect.scopedWith((scope) =>
-        Effect.gen(function* () {
-          const channel = yield* openPlainChannel(live, scope, { highWaterMark: 16, timeoutMs, operation })
-          yield* rpc(operation, timeoutMs, () =>
-            channel.assertQueue(name, {
-              durable: true,
-              arguments: delayQueueArguments(options.consumer, options),
-            }),
-          )
-          declaredAt.set(name, Date.now())
-        }),
+      const onChannel = onOwnChannel(live, { timeoutMs, operation })
+      return declareQueue(onChannel, name, delayQueueArguments(options.consumer, options)).pipe(
+        Effect.tap(() => Effect.sync(() => declaredAt.set(name, Date.now()))),
       )
     })
 }

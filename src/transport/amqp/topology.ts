@@ -11,6 +11,12 @@
  * - `txbox.<consumer>.dead`, where the broker moves what it gives up on;
  * - one binding of `txbox.<consumer>` per event type (routing key).
  *
+ * Quorum queues, these and the delay queues, are declared with
+ * `x-queue-leader-locator: balanced`, so that on a cluster their leaders
+ * spread over the nodes rather than all landing on the node the declaring
+ * connection happens to use (`declareQueue` says how an older queue without
+ * it is redeclared).
+ *
  * Retry delay queues (`txbox.<consumer>.delay.N`) are not part of it: the
  * inbox declares each on its first retry, and they expire when unused. Their
  * names and arguments are here all the same.
@@ -27,6 +33,17 @@ import {
   rpc,
   transportError,
 } from "./connection.ts"
+
+/**
+ * The argument that says where RabbitMQ puts a new quorum queue's leader;
+ * txbox gives it `balanced` (RabbitMQ ≥
+ * 3.10): on the node with the fewest leaders while the cluster has fewer than
+ * `queue_count_start_random_selection` queues (1000), else on a random node;
+ * the default, `client-local`, is the node of the declaring connection. It
+ * places the leader at creation only: a queue keeps it until that node goes
+ * away, when its replicas elect another.
+ */
+export const LEADER_LOCATOR = "x-queue-leader-locator"
 
 /** The queue a consumer owns. */
 export const queueName = (consumer: string): string => `txbox.${consumer}`
@@ -82,6 +99,7 @@ export const delayQueueArguments = (
   "x-dead-letter-strategy": "at-least-once",
   "x-overflow": "reject-publish",
   "x-expires": config.retryQueueExpiryMs,
+  [LEADER_LOCATOR]: "balanced",
 })
 
 /**
@@ -101,6 +119,7 @@ export const consumerQueueArguments = (
         // At-least-once dead-lettering needs reject-publish overflow (RabbitMQ ≥ 3.10).
         "x-dead-letter-strategy": "at-least-once",
         "x-overflow": "reject-publish",
+        [LEADER_LOCATOR]: "balanced",
       }
     : {
         "x-queue-type": "classic",
@@ -117,7 +136,11 @@ const DEAD_QUEUE_DELIVERY_LIMIT = 1_000_000
 
 const deadQueueArguments = (config: Pick<ResolvedConfig, "queueType">): Record<string, unknown> =>
   config.queueType === "quorum"
-    ? { "x-queue-type": "quorum", "x-delivery-limit": DEAD_QUEUE_DELIVERY_LIMIT }
+    ? {
+        "x-queue-type": "quorum",
+        "x-delivery-limit": DEAD_QUEUE_DELIVERY_LIMIT,
+        [LEADER_LOCATOR]: "balanced",
+      }
     : { "x-queue-type": "classic" }
 
 /** What a consumer's topology is: every name and argument, nothing declared yet. */
@@ -164,6 +187,42 @@ export const topologyProblem = (consumer: unknown, types: unknown): string | und
           ? "a type (routing key) is longer than 255 bytes"
           : undefined
 
+/** Runs one broker RPC on a short-lived channel of its own, so a refusal closes that channel only. */
+export type OnChannel = <A>(use: (channel: Channel) => Promise<A>) => Effect.Effect<A, TransportError>
+
+/** `OnChannel` on `live`: each call opens a channel, runs its RPC and closes it. */
+export const onOwnChannel =
+  (live: Live, options: { readonly timeoutMs: number; readonly operation: string }): OnChannel =>
+  (use) =>
+    Effect.scopedWith((scope) =>
+      Effect.flatMap(openPlainChannel(live, scope, { highWaterMark: 16, ...options }), (channel) =>
+        rpc(options.operation, options.timeoutMs, () => use(channel)),
+      ),
+    )
+
+/**
+ * Declares the durable queue `name` with `args`. RabbitMQ refuses (406) to
+ * redeclare a queue with x-arguments other than it has, and 3.10 compares
+ * `x-queue-leader-locator` of quorum queues like the rest (it is among the
+ * queue type's declared arguments; a policy's `queue-leader-locator` is not
+ * compared). A queue declared before txbox set it (or by hand, or with a
+ * policy instead) has none, so a refused declaration with it is tried again
+ * without it: the locator only places a new queue's leader, and that queue
+ * has one. Declared either way, the queue is the same; a refusal without it
+ * too is the caller's (a queue with other arguments).
+ */
+export const declareQueue = (
+  onChannel: OnChannel,
+  name: string,
+  args: Readonly<Record<string, unknown>>,
+): Effect.Effect<void, TransportError> => {
+  const declare = (withArgs: Readonly<Record<string, unknown>>) =>
+    Effect.asVoid(onChannel((channel) => channel.assertQueue(name, { durable: true, arguments: withArgs })))
+  if (!(LEADER_LOCATOR in args)) return declare(args)
+  const { [LEADER_LOCATOR]: _placesNewQueuesOnly, ...withoutLocator } = args
+  return declare(args).pipe(Effect.catchIf(isPreconditionFailed, () => declare(withoutLocator)))
+}
+
 /**
  * Declares `topology` on `live`. Each step runs on a short-lived channel of
  * its own: a refused declaration (406, the entity exists with other
@@ -171,30 +230,19 @@ export const topologyProblem = (consumer: unknown, types: unknown): string | und
  *
  * A consumer queue that exists without txbox's arguments (declared by an
  * earlier txbox or by hand) cannot be redeclared with them; it is used as it
- * is, bound all the same, and `legacyQueue` says so.
+ * is, bound all the same, and `legacyQueue` says so. One that lacks only the
+ * leader locator is not legacy (`declareQueue`).
  */
 export const declareConsumerTopology = (
   live: Live,
   topology: ConsumerTopology,
   options: { readonly timeoutMs: number; readonly operation: string },
 ): Effect.Effect<{ readonly legacyQueue: boolean }, TransportError> => {
-  const { timeoutMs, operation } = options
-  const onChannel = <A>(use: (channel: Channel) => Promise<A>): Effect.Effect<A, TransportError> =>
-    Effect.scopedWith((scope) =>
-      Effect.flatMap(openPlainChannel(live, scope, { highWaterMark: 16, timeoutMs, operation }), (channel) =>
-        rpc(operation, timeoutMs, () => use(channel)),
-      ),
-    )
+  const onChannel = onOwnChannel(live, options)
   return Effect.gen(function* () {
-    yield* onChannel(async (channel) => {
-      await channel.assertExchange(topology.exchange, "topic", { durable: true })
-      await channel.assertQueue(topology.deadQueue, { durable: true, arguments: topology.deadQueueArguments })
-    })
-    const declared = yield* Effect.exit(
-      onChannel((channel) =>
-        channel.assertQueue(topology.queue, { durable: true, arguments: topology.queueArguments }),
-      ),
-    )
+    yield* onChannel((channel) => channel.assertExchange(topology.exchange, "topic", { durable: true }))
+    yield* declareQueue(onChannel, topology.deadQueue, topology.deadQueueArguments)
+    const declared = yield* Effect.exit(declareQueue(onChannel, topology.queue, topology.queueArguments))
     let legacyQueue = false
     if (Exit.isFailure(declared)) {
       if (!isPreconditionFailed(Cause.squash(declared.cause))) return yield* Effect.failCause(declared.cause)
@@ -228,8 +276,8 @@ export const legacyQueueWarning = (
   )
 }
 
-/** Settings for `declareTopology`: the transport's (same defaults) and the consumer's. */
-export interface DeclareTopologyOptions extends AmqpTransportConfig {
+/** Settings for `declareTopology`: the transport's (same defaults, `url` or a cluster's `urls`) and the consumer's. */
+export type DeclareTopologyOptions = AmqpTransportConfig & {
   /** The inbox consumer whose queue to declare (`Inbox.make({ consumer })`). */
   readonly consumer: string
   /** The event types it handles: each is bound as a routing key. */
