@@ -195,41 +195,48 @@ describe("through PgBouncer in transaction mode (pool of 3, 16 clients)", () => 
     expect(warnings[0]).toContain("listenUrl")
   }, 120_000)
 
-  test("pg: one store under a relay and two consumers holds one LISTEN connection, and every loop is woken through it", async () => {
-    const exchange = uniqueName("pgb-one-listen")
-    const consumers = [uniqueName("pgb-one-a"), uniqueName("pgb-one-b")]
-    const stores = store("pg", t.url)
-    const runtime = ManagedRuntime.make(
-      Layer.mergeAll(
-        // A poll too slow to pass this test: only NOTIFY brings the messages in time.
-        Relay.layer({ pollInterval: "1 minute" }),
-        ...consumers.map((consumer) =>
-          Inbox.layer({ consumer, handlers: [recordingHandler(consumer)], pollInterval: "1 minute" }),
+  for (const [driver, application] of [
+    ["pg", "txbox/pg-listen"],
+    ["postgres.js", "txbox/postgres.js-listen"],
+  ] as const) {
+    test(`${driver}: one store under a relay and two consumers holds one LISTEN connection, and every loop is woken through it`, async () => {
+      const exchange = uniqueName("pgb-one-listen")
+      const consumers = [uniqueName("pgb-one-a"), uniqueName("pgb-one-b")]
+      const stores = store(driver, t.url)
+      const runtime = ManagedRuntime.make(
+        Layer.mergeAll(
+          // A poll too slow to pass this test: only NOTIFY brings the messages in time.
+          Relay.layer({ pollInterval: "1 minute" }),
+          ...consumers.map((consumer) =>
+            Inbox.layer({ consumer, handlers: [recordingHandler(consumer)], pollInterval: "1 minute" }),
+          ),
+        ).pipe(
+          Layer.provide(
+            Layer.mergeAll(stores, Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+          ),
         ),
-      ).pipe(
-        Layer.provide(Layer.mergeAll(stores, Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange })))),
-      ),
-    )
-    await runtime.runPromise(Effect.void)
-    try {
-      const listeners = await sql<{ n: number }>`
+      )
+      await runtime.runPromise(Effect.void)
+      try {
+        const listeners = await sql<{ n: number }>`
         SELECT count(*)::int AS n FROM pg_stat_activity
-        WHERE application_name = 'txbox/pg-listen' AND datname = current_database()`.execute(t.db)
-      expect(listeners.rows[0]?.n).toBe(1)
-      await Bun.sleep(200)
-      await produce(20)
-      for (const consumer of consumers) {
-        await eventually(
-          `20 effects of ${consumer}`,
-          async () => (await effectsOf(consumer)).length === 20,
-          20_000,
-        )
+        WHERE application_name = ${application} AND datname = current_database()`.execute(t.db)
+        expect(listeners.rows[0]?.n).toBe(1)
+        await Bun.sleep(200)
+        await produce(20)
+        for (const consumer of consumers) {
+          await eventually(
+            `20 effects of ${consumer}`,
+            async () => (await effectsOf(consumer)).length === 20,
+            20_000,
+          )
+        }
+      } finally {
+        await runtime.dispose()
+        await sql`DELETE FROM txbox.outbox`.execute(t.db)
       }
-    } finally {
-      await runtime.dispose()
-      await sql`DELETE FROM txbox.outbox`.execute(t.db)
-    }
-  }, 60_000)
+    }, 60_000)
+  }
 
   test("postgres.js without listenUrl: its watchdog finds LISTEN through the pooler deaf and says so once per LISTEN and in health; polling still delivers everything", async () => {
     logged.length = 0
