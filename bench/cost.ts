@@ -17,12 +17,14 @@
 //
 //   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 6] [--loads max,250,1000] [--topologies 1+1,2+2]
 //                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
+//                     [--pooler direct|pgbouncer[:N]]
 import { execFileSync } from "node:child_process"
 import { readFileSync } from "node:fs"
 import { type Kysely, sql } from "kysely"
 import postgres from "postgres"
 import { defaultRetryPolicy } from "../src/Retry.ts"
 import { deadQueueName, delayQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
+import { startPgBouncer } from "../test/support/pgbouncer.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
 import { type Child, type ProducerLine, type RelayStatsLine, spawnChild } from "./support/children.ts"
@@ -90,6 +92,11 @@ const config = {
    * at 1,000 msg/s txbox's inbox still spent a tenth of its CPU in its compiler threads after a
    * minute, most of it at the top tier, which a function reaches only after many calls.)
    */
+  /**
+   * "pgbouncer[:N]": every party's pool goes through PgBouncer in transaction mode (N server
+   * connections, default 8) in front of the bench database, txbox's LISTEN straight to it (`listenUrl`).
+   */
+  pooler: args.string("pooler", "direct"),
   warmupSeconds: args.number("warmup", quick ? 0.3 : 6),
   /** Pooled connections of the producer process: its loops flat out, its most in flight at a rate. */
   connections: args.number("connections", 4),
@@ -344,8 +351,14 @@ async function runOnce(
   amqpUrl: string,
   meter: CpuMeter,
 ): Promise<{ run: Run; clock: "commit" | "insert" }> {
-  const label = `${config.rounds > 1 ? `#${repeat} ` : ""}${pipeline} ${topology.name} ${load === "max" ? "flat out" : `${load}/s`}`
+  const label = `${config.rounds > 1 ? `#${repeat} ` : ""}${pipeline} ${topology.name} ${load === "max" ? "flat out" : `${load}/s`}${config.pooler === "direct" ? "" : ` via ${config.pooler}`}`
   const bench = await createBenchDatabase(serverUrl, "cost")
+  const pooled = /^pgbouncer(?::(\d+))?$/.exec(config.pooler)
+  if (config.pooler !== "direct" && pooled === null)
+    throw new Error(`--pooler: ${config.pooler} (direct, pgbouncer or pgbouncer:N)`)
+  const bouncer = pooled ? await startPgBouncer(bench.url, { poolSize: Number(pooled[1] ?? 8) }) : undefined
+  // Where the parties' pools connect; LISTEN always goes straight to the database.
+  const dbUrl = bouncer?.url ?? bench.url
   const exchange = uniqueName(`bench.cost.${pipeline}`)
   const consumer = uniqueName(`cost-${pipeline}`)
   const children: Array<Child<{ readonly event: string }>> = []
@@ -370,14 +383,15 @@ async function runOnce(
     const inboxes = Array.from({ length: topology.inboxes }, () =>
       pipeline === "hand"
         ? spawnChild<InboxLine>("handInboxProcess.ts", {
-            DB_URL: bench.url,
+            DB_URL: dbUrl,
             AMQP_URL: amqpUrl,
             EXCHANGE: exchange,
             QUEUE: consumer,
             STATS_MS: "100",
           })
         : spawnChild<InboxLine>("inboxProcess.ts", {
-            DB_URL: bench.url,
+            DB_URL: dbUrl,
+            LISTEN_URL: bench.url,
             AMQP_URL: amqpUrl,
             EXCHANGE: exchange,
             CONSUMER: consumer,
@@ -399,9 +413,10 @@ async function runOnce(
       spawnChild<RelayStatsLine>(
         pipeline === "hand" ? "handRelayProcess.ts" : "relayProcess.ts",
         pipeline === "hand"
-          ? { DB_URL: bench.url, AMQP_URL: amqpUrl, EXCHANGE: exchange, STATS_MS: "1000" }
+          ? { DB_URL: dbUrl, AMQP_URL: amqpUrl, EXCHANGE: exchange, STATS_MS: "1000" }
           : {
-              DB_URL: bench.url,
+              DB_URL: dbUrl,
+              LISTEN_URL: bench.url,
               AMQP_URL: amqpUrl,
               EXCHANGE: exchange,
               STATS_MS: "1000",
@@ -414,7 +429,7 @@ async function runOnce(
     )
     children.push(...relays)
     const producer = spawnChild<ProducerLine>("producerProcess.ts", {
-      DB_URL: bench.url,
+      DB_URL: dbUrl,
       CONNECTIONS: String(config.connections),
       INDEX: "0",
       PROCESSES: "1",
@@ -635,6 +650,7 @@ async function runOnce(
             ],
       exchanges: [exchange],
     })
+    await bouncer?.stop()
     await bench.drop()
   }
 }

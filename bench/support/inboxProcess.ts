@@ -5,7 +5,7 @@
 // With RECORD=1 the handler also inserts (serial, partition key, seq) into `bench.handled` through
 // the inbox's transaction: an effect that commits with the inbox row, counted and checked by the bench.
 //
-// env: DB_URL, AMQP_URL, EXCHANGE, CONSUMER, MODE (idempotent | store-then-process),
+// env: DB_URL, LISTEN_URL (LISTEN straight to the database when DB_URL is a pooler), AMQP_URL, EXCHANGE, CONSUMER, MODE (idempotent | store-then-process),
 //      MODE, PREFETCH, TRANSACTIONS and QUEUE_TYPE (unset or empty: the library's defaults), STATS_MS (default 1000), RECORD (default 0);
 //      BATCH, POLL_MS, CONCURRENCY: the processor's batchSize, pollInterval (ms) and
 //      processorConcurrency, only when set (else the Inbox defaults)
@@ -29,7 +29,11 @@ const emit = (event: Record<string, unknown>) => {
 
 const runtime = ManagedRuntime.make(
   Layer.mergeAll(
-    PgStore.layer({ url: env("DB_URL") }),
+    PgStore.layer({
+      url: env("DB_URL"),
+      // A pooler's URL in DB_URL: LISTEN straight to the database.
+      ...(process.env.LISTEN_URL ? { listenUrl: process.env.LISTEN_URL } : {}),
+    }),
     AmqpTransport.layer({
       url: env("AMQP_URL"),
       exchange: env("EXCHANGE"),

@@ -3,7 +3,8 @@
 // prints {"event":"stats", ...} every STATS_MS with its counters and its own RSS, sampled here, in
 // the relay's process. SIGTERM (or a "stop" line) closes the relay gracefully and exits 0.
 //
-// env: DB_URL, AMQP_URL, EXCHANGE, BATCH, WORKERS, LISTEN ("false" = polling only), POLL_MS,
+// env: DB_URL, LISTEN_URL (LISTEN straight to the database when DB_URL is a pooler), AMQP_URL, EXCHANGE,
+//      BATCH, WORKERS, LISTEN ("false" = polling only), POLL_MS,
 //      STATS_MS (default 1000); BATCH, WORKERS, LISTEN and POLL_MS unset or empty = the library's defaults
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import * as Relay from "../../src/Relay.ts"
@@ -25,6 +26,8 @@ const runtime = ManagedRuntime.make(
   Layer.mergeAll(
     PgStore.layer({
       url: env("DB_URL"),
+      // A pooler's URL in DB_URL: LISTEN straight to the database.
+      ...(process.env.LISTEN_URL ? { listenUrl: process.env.LISTEN_URL } : {}),
       ...(process.env.LISTEN ? { listen: process.env.LISTEN !== "false" } : {}),
     }),
     AmqpTransport.layer({ url: env("AMQP_URL"), exchange: env("EXCHANGE"), failFast: true }),
