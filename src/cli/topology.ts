@@ -19,8 +19,10 @@ const declare = Command.make(
   "declare",
   {
     url: Flag.String("url").pipe(
-      Flag.withDescription("RabbitMQ URL, amqp://user:pass@host:5672/vhost (default: $AMQP_URL)"),
-      Flag.optional,
+      Flag.withDescription(
+        "RabbitMQ URL, amqp://user:pass@host:5672/vhost; repeat it for a cluster's nodes (the first that answers declares) (default: $AMQP_URL, comma-separated for several)",
+      ),
+      Flag.atLeast(0),
     ),
     exchange: Flag.String("exchange").pipe(
       Flag.withDescription("the topic exchange the relay publishes to (default: txbox.events)"),
@@ -47,14 +49,20 @@ const declare = Command.make(
   },
   (flags) =>
     Effect.gen(function* () {
-      const url = Option.getOrUndefined(flags.url) ?? process.env.AMQP_URL
-      if (url === undefined || url === "") {
+      const urls =
+        flags.url.length > 0
+          ? flags.url
+          : (process.env.AMQP_URL ?? "")
+              .split(",")
+              .map((u) => u.trim())
+              .filter((u) => u !== "")
+      if (urls.length === 0) {
         return yield* new UsageError({ reason: "no broker URL: pass --url or set AMQP_URL" })
       }
       const queueType = Option.getOrUndefined(flags.queueType)
       const deliveryLimit = Option.getOrUndefined(flags.deliveryLimit)
       const declared = yield* declareTopology({
-        url,
+        ...(urls.length === 1 ? { url: urls[0]! } : { urls }),
         exchange: flags.exchange,
         consumer: flags.consumer,
         types: flags.type,

@@ -345,6 +345,18 @@ describe("txbox topology declare", () => {
     const json = JSON.parse(again.stdout)
     expect(json).toMatchObject({ queue: `txbox.${consumer}`, legacyQueue: false, bindings: [Note.type] })
 
+    // A cluster's URLs, one node down: repeated --url, and AMQP_URL as a comma-separated list.
+    const dead = "amqp://guest:guest@127.0.0.1:1"
+    const cluster = await txbox([...args, "--url", dead, "--url", amqpUrl(), "--type", Note.type, "--json"])
+    expect(cluster.stderr).toBe("")
+    expect(cluster.code).toBe(0)
+    expect(JSON.parse(cluster.stdout)).toMatchObject({ queue: `txbox.${consumer}`, legacyQueue: false })
+    const fromEnv = await txbox([...args, "--type", Note.type, "--json"], {
+      AMQP_URL: `${dead}, ${amqpUrl()}`,
+    })
+    expect(fromEnv.code).toBe(0)
+    expect(JSON.parse(fromEnv.stdout)).toMatchObject({ queue: `txbox.${consumer}` })
+
     const relay = startRelay(exchange)
     await relay.runPromise(Effect.void)
     try {
