@@ -12,6 +12,15 @@ export const required = (name: string): string => {
 }
 
 /**
+ * The broker of AMQP_URL for `AmqpTransport.layer`: one URL as `url`, as in the README quickstart;
+ * several, comma-separated (the soak's `--rabbit-cluster`), as a cluster's `urls`.
+ */
+export const brokerUrls = (): { readonly url: string } | { readonly urls: ReadonlyArray<string> } => {
+  const urls = required("AMQP_URL").split(",")
+  return urls.length === 1 ? { url: urls[0]! } : { urls }
+}
+
+/**
  * The store of DRIVER: `PostgresJsStore` for postgres.js, `PgStore` for pg. Unset means the
  * library's default driver (`PgStore`, node-postgres), so the suite exercises exactly what a user
  * gets by default.

@@ -1,6 +1,6 @@
 // An inbox consumer process for the soak: its handlers write one `effects` row per applied event,
 // in the inbox's transaction. Default options, except the hook that makes a lost ack on demand.
-// env: DB_URL, AMQP_URL, EXCHANGE, CONSUMER, TYPES (the event types it handles, comma-separated:
+// env: DB_URL, AMQP_URL (one URL, or a cluster's, comma-separated), EXCHANGE, CONSUMER, TYPES (the event types it handles, comma-separated:
 //   its queue is bound to those only), DRIVER (unset = default), MODE (idempotent |
 //   store-then-process; unset = the library's default, idempotent), LOST_ACK_FRACTION (0..1: the
 //   share of deliveries after whose commit the process SIGKILLs itself, before the ack),
@@ -10,7 +10,7 @@
 import { Effect, Layer } from "effect"
 import { AmqpTransport } from "../../src/amqp.ts"
 import { type Delivery, Inbox } from "../../src/index.ts"
-import { announce, logLine, required, runUntilSigterm, storeLayer } from "./child.ts"
+import { announce, brokerUrls, logLine, required, runUntilSigterm, storeLayer } from "./child.ts"
 import { CONTRACTS, type SoakType } from "./contract.ts"
 
 const consumer = required("CONSUMER")
@@ -42,7 +42,7 @@ const afterCommit = (delivery: Delivery) =>
 
 const infra = Layer.mergeAll(
   storeLayer(),
-  AmqpTransport.layer({ url: required("AMQP_URL"), exchange: required("EXCHANGE") }),
+  AmqpTransport.layer({ ...brokerUrls(), exchange: required("EXCHANGE") }),
 )
 
 const program = Effect.scoped(

@@ -1,16 +1,16 @@
 // A relay process for the soak, wired as in the README quickstart with the library's defaults.
-// env: DB_URL, AMQP_URL, EXCHANGE, DRIVER (unset = the library's default driver),
+// env: DB_URL, AMQP_URL (one URL, or a cluster's, comma-separated), EXCHANGE, DRIVER (unset = the library's default driver),
 // RELAY_WORKERS (unset = the library's default)
 // SIGTERM stops it gracefully and exits 0; the orchestrator also SIGKILLs it as a fault.
 import { Effect, Layer } from "effect"
 import { AmqpTransport } from "../../src/amqp.ts"
 import { Relay } from "../../src/index.ts"
-import { announce, required, runUntilSigterm, storeLayer } from "./child.ts"
+import { announce, brokerUrls, required, runUntilSigterm, storeLayer } from "./child.ts"
 
 const infra = Layer.mergeAll(
   storeLayer(),
   // The exchange is named per run only to isolate runs sharing a broker; it changes no behaviour.
-  AmqpTransport.layer({ url: required("AMQP_URL"), exchange: required("EXCHANGE") }),
+  AmqpTransport.layer({ ...brokerUrls(), exchange: required("EXCHANGE") }),
 )
 
 // No options at all: lease (30 s), poll interval, batch size, retries and outage backoff are the

@@ -12,12 +12,23 @@
  *
  *   bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]
  *     [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout S]
- *     [--lost-ack-fraction F] [--keep-logs]
+ *     [--lost-ack-fraction F] [--relay-workers N] [--rabbit-cluster] [--keep-logs]
  *
  * Also `runSoak(options)` for tests (test/integration/soak.test.ts). Servers: the ones handed in
  * (`services`), else TXBOX_TEST_DATABASE_URL / TXBOX_TEST_AMQP_URL when set (then the faults that
  * need to control a server are skipped: it is not ours to restart), else a private PostgreSQL 15 and
  * RabbitMQ started here from the local binaries and stopped at the end.
+ *
+ * `--rabbit-cluster` (`rabbitCluster` in `runSoak`): a three-node RabbitMQ cluster on loopback
+ * (test/support/rabbitCluster.ts) instead of the single node. Every relay and consumer process gets
+ * the three URLs (AMQP_URL, comma-separated, which the children pass as the transport's `urls`), and
+ * so does the duplicate injector; the faults add `rabbitNodeKill`: one node, picked at random,
+ * SIGKILLed and booted again 2–6 s later. `rabbitRestart` stops and starts one node's broker
+ * (stop_app, start_app) and `closeConnections` closes the connections on every node. Every broker
+ * fault runs in one lane, one after another, and starts with the three nodes running: never more
+ * than one node is down (a quorum queue needs two of its three). The verdict is the same. Only with
+ * servers started here: refused (exit 2) when TXBOX_TEST_AMQP_URL is set. Not part of `npm test`
+ * (three more nodes to boot); run it by hand: `npm run soak -- --minutes 2 --rabbit-cluster`.
  *
  * Exits 0 when every count is right, 1 when one is wrong (or the run broke), 2 on a bad command line.
  */
@@ -42,6 +53,7 @@ import postgres from "postgres"
 import { migrate } from "../../src/pg.ts"
 import { type LocalPostgres, startLocalPostgres } from "../support/postgres.ts"
 import { isAlive, signal as sendSignal, startWatchdog, type Watchdog } from "../support/proc.ts"
+import { type ClusterNode, type RabbitCluster, startRabbitCluster } from "../support/rabbitCluster.ts"
 import { type LocalRabbit, startLocalRabbit } from "../support/rabbitmq.ts"
 import { OrderPaid, OrderPlaced } from "./contract.ts"
 import {
@@ -67,6 +79,7 @@ export type Driver = "pg" | "postgres.js"
 export type ChildRuntime = "bun" | "node" | "deno"
 export type Mode = "idempotent" | "store-then-process"
 
+/** The kinds of every run (each at least once when the servers are the soak's to control). */
 export const FAULT_KINDS = [
   "relayKill",
   "consumerKill",
@@ -76,13 +89,18 @@ export const FAULT_KINDS = [
   "lostAck",
   "duplicates",
 ] as const
-export type FaultKind = (typeof FAULT_KINDS)[number]
+/** The kinds a `rabbitCluster` run adds: a node SIGKILLed and booted again. */
+export const CLUSTER_FAULT_KINDS = ["rabbitNodeKill"] as const
+export type FaultKind = (typeof FAULT_KINDS)[number] | (typeof CLUSTER_FAULT_KINDS)[number]
+const ALL_FAULT_KINDS: ReadonlyArray<FaultKind> = [...FAULT_KINDS, ...CLUSTER_FAULT_KINDS]
 
 type Lane = "broker" | "processes"
 /** Faults of one lane are injected one after another; the two lanes run side by side. */
 const LANES: Record<FaultKind, Lane> = {
   closeConnections: "broker",
   rabbitRestart: "broker",
+  // One lane for every broker fault: never more than one cluster node down at a time.
+  rabbitNodeKill: "broker",
   // Needs the broker up to publish: in its lane it never lands while the broker is stopped.
   duplicates: "broker",
   relayKill: "processes",
@@ -127,6 +145,13 @@ export interface SoakOptions {
   /** Keep the logs dir when the run passes too (it is always kept when it fails). */
   readonly keepLogs?: boolean
   readonly services?: SoakServices
+  /**
+   * A three-node RabbitMQ cluster started here (test/support/rabbitCluster.ts) instead of the
+   * single node: relays, consumers and the duplicate injector get the three URLs, and the faults
+   * add `rabbitNodeKill` (one node SIGKILLed, booted again a few seconds later). Only with servers
+   * the soak starts itself: not with `services`, nor with TXBOX_TEST_AMQP_URL set. @default false
+   */
+  readonly rabbitCluster?: boolean
   /** Aborting stops the run, kills every child and stops the servers it started. */
   readonly signal?: AbortSignal
   /** Progress lines while it runs. @default console.error */
@@ -154,6 +179,8 @@ export interface SoakResult {
   readonly driver: string
   readonly runtime: ChildRuntime
   readonly mode: Mode
+  /** RabbitMQ was a three-node cluster (`rabbitCluster`). */
+  readonly rabbitCluster: boolean
   readonly minutes: number
   readonly seed: number
   readonly counts: TableCounts | undefined
@@ -161,7 +188,10 @@ export interface SoakResult {
   readonly dead: number
   /** Outbox pending + inbox pending after the drain. */
   readonly stuck: number
+  /** Injected per kind; the kinds of the run's setup are `faultKinds`, the others stay 0. */
   readonly faults: Readonly<Record<FaultKind, number>>
+  /** The kinds this run's setup has: FAULT_KINDS, and CLUSTER_FAULT_KINDS with `rabbitCluster`. */
+  readonly faultKinds: ReadonlyArray<FaultKind>
   /** Kinds that could not be injected here (a server that is not ours). */
   readonly skippedFaults: ReadonlyArray<FaultKind>
   readonly duplicateMessages: number
@@ -310,24 +340,44 @@ const consumersOf = (runId: string): Array<SoakConsumer & { readonly processes: 
 
 interface Servers {
   readonly databaseUrl: string
-  readonly amqpUrl: string
+  /** The broker's URL, or the cluster's three (node order). */
+  readonly amqpUrls: ReadonlyArray<string>
   /** Set when the soak may restart the server (it started it, or the caller handed it in). */
   readonly postgres: LocalPostgres | undefined
   readonly rabbit: LocalRabbit | undefined
+  /** The three-node cluster started here, with `rabbitCluster` (then `rabbit` is undefined). */
+  readonly cluster: RabbitCluster | undefined
   readonly description: string
   /** Stops what this run started. */
   readonly stop: () => Promise<void>
   readonly stopSync: () => void
 }
 
+/** Why `rabbitCluster` cannot run with these servers, if it cannot. */
+export const rabbitClusterRefusal = (options: Pick<SoakOptions, "services">): string | undefined => {
+  if (options.services) return "a RabbitMQ cluster run starts its own servers: it takes no services handed in"
+  if (process.env.TXBOX_TEST_AMQP_URL) {
+    return (
+      "--rabbit-cluster starts a three-node RabbitMQ cluster of its own, and TXBOX_TEST_AMQP_URL names a " +
+      "broker to use instead: unset it (env -u TXBOX_TEST_AMQP_URL ...) for a cluster run"
+    )
+  }
+  return undefined
+}
+
 async function resolveServers(options: SoakOptions): Promise<Servers> {
+  if (options.rabbitCluster) {
+    const refusal = rabbitClusterRefusal(options)
+    if (refusal !== undefined) throw new Error(refusal)
+  }
   if (options.services) {
     const { postgres: pg, rabbit } = options.services
     return {
       databaseUrl: pg.url,
-      amqpUrl: rabbit.url,
+      amqpUrls: [rabbit.url],
       postgres: pg,
       rabbit,
+      cluster: undefined,
       description: "PostgreSQL and RabbitMQ handed in by the caller",
       stop: async () => {},
       stopSync: () => {},
@@ -335,31 +385,38 @@ async function resolveServers(options: SoakOptions): Promise<Servers> {
   }
   const envDb = process.env.TXBOX_TEST_DATABASE_URL
   const envAmqp = process.env.TXBOX_TEST_AMQP_URL
-  const [pg, rabbit] = await Promise.allSettled([
+  const [pg, rabbit, cluster] = await Promise.allSettled([
     envDb ? Promise.resolve(undefined) : startLocalPostgres({ name: "soak" }),
-    envAmqp ? Promise.resolve(undefined) : startLocalRabbit(),
+    envAmqp || options.rabbitCluster ? Promise.resolve(undefined) : startLocalRabbit(),
+    options.rabbitCluster ? startRabbitCluster() : Promise.resolve(undefined),
   ])
-  if (pg.status === "rejected" || rabbit.status === "rejected") {
+  if (pg.status === "rejected" || rabbit.status === "rejected" || cluster.status === "rejected") {
     if (pg.status === "fulfilled") await pg.value?.stop()
     if (rabbit.status === "fulfilled") await rabbit.value?.stop()
-    throw pg.status === "rejected" ? pg.reason : (rabbit as PromiseRejectedResult).reason
+    if (cluster.status === "fulfilled") await cluster.value?.stop()
+    throw [pg, rabbit, cluster].find((r): r is PromiseRejectedResult => r.status === "rejected")!.reason
   }
   const ownPg = pg.value
   const ownRabbit = rabbit.value
+  const ownCluster = cluster.value
   return {
     databaseUrl: ownPg?.url ?? envDb!,
-    amqpUrl: ownRabbit?.url ?? envAmqp!,
+    amqpUrls: ownCluster?.urls ?? [ownRabbit?.url ?? envAmqp!],
     postgres: ownPg,
     rabbit: ownRabbit,
+    cluster: ownCluster,
     description:
       `PostgreSQL ${ownPg ? `started here (${ownPg.dir})` : "from TXBOX_TEST_DATABASE_URL"}, ` +
-      `RabbitMQ ${ownRabbit ? `started here (node ${ownRabbit.node})` : "from TXBOX_TEST_AMQP_URL"}`,
+      (ownCluster
+        ? `RabbitMQ three-node cluster started here (AMQP ports ${ownCluster.nodes.map((n) => n.port).join(", ")}; ${ownCluster.dir})`
+        : `RabbitMQ ${ownRabbit ? `started here (node ${ownRabbit.node})` : "from TXBOX_TEST_AMQP_URL"}`),
     stop: async () => {
-      await Promise.all([ownPg?.stop(), ownRabbit?.stop()])
+      await Promise.all([ownPg?.stop(), ownRabbit?.stop(), ownCluster?.stop()])
     },
     stopSync: () => {
       ownPg?.stopSync()
       ownRabbit?.stopSync()
+      ownCluster?.stopSync()
     },
   }
 }
@@ -382,7 +439,7 @@ interface Resolved {
 /** One run: its children, its faults, its record. */
 class Run {
   readonly slots: Slot[] = []
-  readonly faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>
+  readonly faults = Object.fromEntries(ALL_FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>
   readonly crashes: Crash[] = []
   readonly notes: string[] = []
   readonly stalls: string[] = []
@@ -461,7 +518,8 @@ class Run {
     this.env = {
       ...env,
       DB_URL: dbUrl,
-      AMQP_URL: servers.amqpUrl,
+      // One URL, or the cluster's, comma-separated: the children pass them as `urls` (child.ts).
+      AMQP_URL: servers.amqpUrls.join(","),
       EXCHANGE: exchange,
       ...(cfg.driver === undefined ? {} : { DRIVER: cfg.driver }),
       ...(cfg.relayWorkers === undefined ? {} : { RELAY_WORKERS: String(cfg.relayWorkers) }),
@@ -772,33 +830,78 @@ class Run {
     await this.awaitRestart(slot)
   }
 
-  private async rabbitRestart(rabbit: LocalRabbit): Promise<void> {
+  /** `what`: the broker, or the cluster node, whose `ctl` it is. */
+  private async rabbitRestart(
+    ctl: (args: readonly string[]) => Promise<string>,
+    what: string,
+  ): Promise<void> {
     // stop_app stops the broker itself (listeners closed, every connection closed, connections
     // refused) while the Erlang VM stays up for rabbitmqctl; the quorum queue's data stays on disk.
     const began = Date.now()
-    await rabbit.ctl(["stop_app"])
+    await ctl(["stop_app"])
     const stoppedAfter = Date.now() - began
     const downMs = Math.round(2000 + this.random() * 4000)
-    this.record("note", `RabbitMQ stopped (stop_app); starting it again in ${downMs} ms`)
+    this.record("note", `${what} stopped (stop_app); starting it again in ${downMs} ms`)
     await sleep(downMs, this.signal)
     for (let attempt = 1; ; attempt++) {
       try {
-        await rabbit.ctl(["start_app"])
+        await ctl(["start_app"])
         break
       } catch (error) {
-        if (attempt >= 3) throw new Error(`RabbitMQ did not start again: ${message(error)}`)
+        if (attempt >= 3) throw new Error(`${what} did not start again: ${message(error)}`)
         await sleep(2000, this.signal)
       }
     }
     this.fault(
       "rabbitRestart",
-      `RabbitMQ stop_app (done after ${stoppedAfter} ms), down ${downMs} ms, start_app (up at +${this.seconds}s)`,
+      `${what} stop_app (done after ${stoppedAfter} ms), down ${downMs} ms, start_app (up at +${this.seconds}s)`,
+      began,
+    )
+  }
+
+  /**
+   * Every node of the cluster running before a node fault: one left down by a fault that failed
+   * is booted again first, so that at most one node is ever down (a quorum needs two of three).
+   */
+  private async allNodesRunning(cluster: RabbitCluster): Promise<void> {
+    for (const node of cluster.nodes) {
+      if (!node.isRunning()) {
+        this.note(`node ${node.index} (${node.node}) found down before a node fault: booting it again`)
+        await node.restart()
+      }
+    }
+    await cluster.awaitRunning(cluster.nodes.length, 60_000)
+  }
+
+  private pickNode(cluster: RabbitCluster): ClusterNode {
+    return cluster.nodes[Math.floor(this.random() * cluster.nodes.length)]!
+  }
+
+  /** One cluster node SIGKILLed (a crash: no goodbye to clients or peers), booted again 2–6 s later. */
+  private async rabbitNodeKill(cluster: RabbitCluster): Promise<void> {
+    await this.allNodesRunning(cluster)
+    const node = this.pickNode(cluster)
+    const pid = node.pid()
+    const began = Date.now()
+    await node.kill()
+    const downMs = Math.round(2000 + this.random() * 4000)
+    this.record(
+      "note",
+      `RabbitMQ node ${node.index} (port ${node.port}, pid ${pid}) SIGKILLed; booting it again in ${downMs} ms`,
+    )
+    await sleep(downMs, this.signal)
+    const booting = Date.now()
+    await node.restart()
+    this.fault(
+      "rabbitNodeKill",
+      `RabbitMQ node ${node.index} (port ${node.port}, pid ${pid}) SIGKILLed, down ${downMs} ms, booted again ` +
+        `in ${Date.now() - booting} ms (three running at +${this.seconds}s)`,
       began,
     )
   }
 
   async inject(kind: FaultKind, victim?: Slot): Promise<void> {
-    const { postgres: pg, rabbit } = this.servers
+    const { postgres: pg, rabbit, cluster } = this.servers
     switch (kind) {
       case "relayKill":
         return this.kill(kind, "relay")
@@ -808,11 +911,24 @@ class Run {
         return this.lostAck()
       case "closeConnections": {
         const began = Date.now()
-        await rabbit!.closeAllConnections("txbox soak: injected fault")
+        if (cluster) {
+          // Asked of one node, it closes the vhost's connections on every node (connection tracking is cluster-wide).
+          await this.allNodesRunning(cluster)
+          await this.pickNode(cluster).ctl(["close_all_connections", "-p", "/", "txbox soak: injected fault"])
+        } else await rabbit!.closeAllConnections("txbox soak: injected fault")
         return this.fault(kind, `rabbitmqctl close_all_connections (${Date.now() - began} ms)`, began)
       }
       case "rabbitRestart":
-        return this.rabbitRestart(rabbit!)
+        if (cluster) {
+          // One node's broker stopped and started (stop_app, start_app), the others serve meanwhile.
+          await this.allNodesRunning(cluster)
+          const node = this.pickNode(cluster)
+          await this.rabbitRestart(node.ctl, `RabbitMQ node ${node.index} (port ${node.port})`)
+          return cluster.awaitRunning(cluster.nodes.length, 60_000)
+        }
+        return this.rabbitRestart((args) => rabbit!.ctl(args), "RabbitMQ")
+      case "rabbitNodeKill":
+        return this.rabbitNodeKill(cluster!)
       case "pgRestart": {
         const began = Date.now()
         await pg!.restart()
@@ -830,11 +946,17 @@ class Run {
     }
   }
 
+  /** The kinds of this run's setup: the cluster's node kill only with a cluster. */
+  get kinds(): ReadonlyArray<FaultKind> {
+    return this.servers.cluster ? ALL_FAULT_KINDS : FAULT_KINDS
+  }
+
   /** Kinds this run can inject: server faults need a server the soak may restart. */
   enabledKinds(): FaultKind[] {
-    return FAULT_KINDS.filter((kind) => {
+    const ownBroker = this.servers.rabbit !== undefined || this.servers.cluster !== undefined
+    return this.kinds.filter((kind) => {
       if (kind === "pgRestart") return this.servers.postgres !== undefined
-      if (kind === "closeConnections" || kind === "rabbitRestart") return this.servers.rabbit !== undefined
+      if (kind === "closeConnections" || kind === "rabbitRestart") return ownBroker
       return true
     })
   }
@@ -1056,6 +1178,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
   const logDir = mkdtempSync(join(tmpdir(), "txbox-soak-logs-"))
   say(
     `[soak] driver ${driverLabel(cfg.driver)}, runtime ${cfg.runtime}, mode ${cfg.mode}, ` +
+      `${options.rabbitCluster ? "RabbitMQ three-node cluster, " : ""}` +
       `${cfg.relayWorkers === undefined ? "" : `relay workers ${cfg.relayWorkers}, `}` +
       `load ${loadMs / 1000} s, seed ${cfg.seed}; logs in ${logDir}`,
   )
@@ -1121,7 +1244,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
       r.slots.filter((s) => s.role === "consumer" && s.enabled).map((s) => r.ensureRunning(s)),
     )
     await Promise.all(r.slots.filter((s) => s.role === "relay").map((s) => r.ensureRunning(s)))
-    r.tap = new Tap(servers.amqpUrl, r.exchange, r.random)
+    r.tap = new Tap(servers.amqpUrls, r.exchange, r.random)
     await r.tap.start()
     r.loadRunning = true
     r.loadStartedAt = Date.now()
@@ -1133,7 +1256,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
       `load: ${loadMs / 1000} s; late consumer at ${lateAt / 1000} s; faults planned (s into the load): ` +
         plan.map((p) => `${p.kind}${p.victim ? `(${p.victim.name})` : ""}@${p.at / 1000}`).join(", "),
     )
-    const skipped = FAULT_KINDS.filter((k) => !r.enabledKinds().includes(k))
+    const skipped = r.kinds.filter((k) => !r.enabledKinds().includes(k))
     if (skipped.length > 0) r.note(`not injected (the server is not ours to control): ${skipped.join(", ")}`)
 
     // The load lasts its length, or until the last planned fault is done (or the late consumer
@@ -1245,21 +1368,27 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
         ...traceMessages(logDir, "DUPLICATED", suspects.duplicated),
       )
       // Where an undelivered message may sit: ready or unacked on a queue, or in a retry queue.
-      if (servers.rabbit) {
-        const queues = await servers.rabbit
-          .ctl([
-            "-q",
-            "list_queues",
-            "-p",
-            "/",
-            "name",
-            "type",
-            "messages_ready",
-            "messages_unacknowledged",
-            "consumers",
-          ])
-          .catch((error) => `list_queues failed: ${message(error)}`)
-        diag.push("RabbitMQ queues at the end (name, type, ready, unacked, consumers):")
+      const rabbitCtl = servers.rabbit
+        ? (args: readonly string[]) => servers!.rabbit!.ctl(args)
+        : servers.cluster?.nodes.find((n) => n.isRunning())?.ctl
+      if (rabbitCtl) {
+        // With a cluster, where each queue's replicas are and which of them run.
+        const columns = servers.cluster ? ["leader", "members", "online"] : []
+        const queues = await rabbitCtl([
+          "-q",
+          "list_queues",
+          "-p",
+          "/",
+          "name",
+          "type",
+          "messages_ready",
+          "messages_unacknowledged",
+          "consumers",
+          ...columns,
+        ]).catch((error) => `list_queues failed: ${message(error)}`)
+        diag.push(
+          `RabbitMQ queues at the end (name, type, ready, unacked, consumers${columns.map((c) => `, ${c}`).join("")}):`,
+        )
         // This run's queues only (the consumer's queue and its retry queues): a broker may serve several runs.
         const ours = queues
           .split("\n")
@@ -1321,13 +1450,16 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     driver: driverLabel(cfg.driver),
     runtime: cfg.runtime,
     mode: cfg.mode,
+    rabbitCluster: options.rabbitCluster === true,
     minutes: cfg.minutes,
     seed: cfg.seed,
     counts,
     dead: counts ? counts.outboxDead + counts.inboxDead : 0,
     stuck: counts ? counts.outboxPending + counts.inboxPending : 0,
-    faults: run?.faults ?? (Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>),
-    skippedFaults: run ? FAULT_KINDS.filter((k) => !run?.enabledKinds().includes(k)) : [],
+    faults:
+      run?.faults ?? (Object.fromEntries(ALL_FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>),
+    faultKinds: run?.kinds ?? (options.rabbitCluster ? ALL_FAULT_KINDS : FAULT_KINDS),
+    skippedFaults: run ? run.kinds.filter((k) => !run?.enabledKinds().includes(k)) : [],
     duplicateMessages: run?.duplicateMessages ?? 0,
     crashes: run?.crashes ?? [],
     stalls: run?.stalls ?? [],
@@ -1353,7 +1485,8 @@ export function formatReport(r: SoakResult): string {
   const c = r.counts
   const lines: string[] = []
   lines.push(
-    `txbox soak: driver ${r.driver}, runtime ${r.runtime}, mode ${r.mode}, load ${r.loadSeconds} s (${r.minutes} min), seed ${r.seed}`,
+    `txbox soak: driver ${r.driver}, runtime ${r.runtime}, mode ${r.mode}, ` +
+      `${r.rabbitCluster ? "RabbitMQ three-node cluster, " : ""}load ${r.loadSeconds} s (${r.minutes} min), seed ${r.seed}`,
   )
   if (c) {
     lines.push(
@@ -1362,7 +1495,7 @@ export function formatReport(r: SoakResult): string {
         `${r.producers.failed} transactions failed under faults`,
     )
   }
-  const faults = FAULT_KINDS.map((k) =>
+  const faults = r.faultKinds.map((k) =>
     r.skippedFaults.includes(k)
       ? `${k} skipped`
       : `${k} ${r.faults[k]}${k === "duplicates" ? ` (${r.duplicateMessages} messages)` : ""}`,
@@ -1414,11 +1547,12 @@ export function resultJson(r: SoakResult): string {
     driver: r.driver,
     runtime: r.runtime,
     mode: r.mode,
+    rabbitCluster: r.rabbitCluster,
     minutes: r.minutes,
     seed: r.seed,
     events: r.counts?.events ?? 0,
     orders: r.counts?.orders ?? 0,
-    faults: r.faults,
+    faults: Object.fromEntries(r.faultKinds.map((k) => [k, r.faults[k]])),
     skippedFaults: r.skippedFaults,
     duplicateMessages: r.duplicateMessages,
     lost: r.counts?.lost ?? null,
@@ -1452,7 +1586,11 @@ export function resultJson(r: SoakResult): string {
 const USAGE =
   "usage: bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]\n" +
   "         [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout SECONDS]\n" +
-  "         [--lost-ack-fraction F] [--relay-workers N] [--keep-logs]"
+  "         [--lost-ack-fraction F] [--relay-workers N] [--rabbit-cluster] [--keep-logs]\n" +
+  "  --rabbit-cluster  a three-node RabbitMQ cluster instead of one node: every relay and consumer gets\n" +
+  "                    the three URLs, and a fault kind rabbitNodeKill SIGKILLs one node and boots it again\n" +
+  "                    2-6 s later (one node down at most; rabbitRestart stops and starts one node).\n" +
+  "                    Starts its own servers: refused (exit 2) with TXBOX_TEST_AMQP_URL set."
 
 export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
   let minutes = 1
@@ -1465,6 +1603,7 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
   let lostAckFraction: number | undefined
   let relayWorkers: number | undefined
   let keepLogs = false
+  let rabbitCluster = false
   const number = (flag: string, value: string | undefined): number => {
     const n = Number(value)
     if (value === undefined || !Number.isFinite(n) || n < 0)
@@ -1521,6 +1660,9 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
       case "--keep-logs":
         keepLogs = true
         break
+      case "--rabbit-cluster":
+        rabbitCluster = true
+        break
       default:
         throw new Error(`unknown argument ${flag}`)
     }
@@ -1532,6 +1674,7 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
     runtime,
     mode,
     keepLogs,
+    ...(rabbitCluster ? { rabbitCluster } : {}),
     ...(seed === undefined ? {} : { seed }),
     ...(rate === undefined ? {} : { rate }),
     ...(drainTimeoutMs === undefined ? {} : { drainTimeoutMs }),
@@ -1551,6 +1694,11 @@ async function main(): Promise<number> {
     options = parseArgs(argv)
   } catch (error) {
     console.error(`${message(error)}\n${USAGE}`)
+    return 2
+  }
+  const refusal = options.rabbitCluster ? rabbitClusterRefusal(options) : undefined
+  if (refusal !== undefined) {
+    console.error(`[soak] ${refusal}`)
     return 2
   }
   const controller = new AbortController()

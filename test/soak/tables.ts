@@ -364,7 +364,8 @@ type Row = Record<string, unknown>
 
 const show = (value: unknown): string => {
   if (value === null || value === undefined) return "-"
-  if (value instanceof Date) return value.toISOString()
+  // An invalid Date (PostgreSQL's `infinity`, say) has no ISO form: toISOString would throw.
+  if (value instanceof Date) return Number.isNaN(value.getTime()) ? String(value) : value.toISOString()
   if (Array.isArray(value)) return `[${value.map(show).join(", ")}]`
   const text = String(value).replace(/\s+/g, " ")
   return text.length > 300 ? `${text.slice(0, 300)}…` : text

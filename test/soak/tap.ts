@@ -1,7 +1,8 @@
 // The duplicate injector: a plain amqplib queue bound to the run's exchange keeps the latest
 // messages exactly as the broker routed them; `republish` sends a sample of them to the exchange
 // again with the same body and properties (messageId included), so the consumers' queue gets
-// real broker-level duplicates of messages it has already been delivered.
+// real broker-level duplicates of messages it has already been delivered. With a cluster's URLs
+// each connect takes the next node, so a node down costs one refused connect.
 import amqp from "amqplib"
 
 interface Captured {
@@ -28,12 +29,14 @@ export class Tap {
   private reconnecting = false
   /** Messages seen since the start. */
   seen = 0
-  private readonly url: string
+  private readonly urls: ReadonlyArray<string>
+  private nextUrl = 0
   private readonly exchange: string
   private readonly random: () => number
 
-  constructor(url: string, exchange: string, random: () => number) {
-    this.url = url
+  constructor(urls: ReadonlyArray<string>, exchange: string, random: () => number) {
+    if (urls.length === 0) throw new Error("Tap: no broker URL")
+    this.urls = urls
     this.exchange = exchange
     this.random = random
   }
@@ -43,8 +46,23 @@ export class Tap {
     await this.connect()
   }
 
+  /** A connection to the first URL, from the one after the last used, that takes one. */
+  private async open(): Promise<amqp.ChannelModel> {
+    let last: unknown
+    for (let i = 0; i < this.urls.length; i++) {
+      const url = this.urls[this.nextUrl]!
+      this.nextUrl = (this.nextUrl + 1) % this.urls.length
+      try {
+        return await amqp.connect(url)
+      } catch (error) {
+        last = error
+      }
+    }
+    throw last
+  }
+
   private async connect(): Promise<void> {
-    const connection = await amqp.connect(this.url)
+    const connection = await this.open()
     try {
       connection.on("error", () => {})
       connection.on("close", () => {
@@ -109,7 +127,7 @@ export class Tap {
       if (picked) sample.push(picked)
     }
     if (sample.length === 0) return []
-    const connection = await amqp.connect(this.url)
+    const connection = await this.open()
     try {
       connection.on("error", () => {})
       const channel = await connection.createConfirmChannel()

@@ -33,6 +33,8 @@ import {
   rabbitBinaries,
   readPid,
   startEpmd,
+  stopEpmd,
+  stopNode,
   writeCookie,
 } from "./rabbitmq.ts"
 
@@ -247,22 +249,8 @@ async function attemptStart(bin: RabbitBinaries, user: UserIds | undefined): Pro
       ),
     stop: () => {
       stopped ??= (async () => {
-        await Promise.all(
-          layouts.map(async (layout, i) => {
-            const pid = readPid(pidFileOf(layout))
-            if (pid === undefined || !isAlive(pid)) return
-            try {
-              await ctls[i]!(["stop", pidFileOf(layout)], 30_000)
-            } catch {
-              signal(pid, "SIGKILL")
-            }
-            await waitForExit(pid, 10_000)
-          }),
-        )
-        if (epmd?.pid !== undefined && isAlive(epmd.pid)) {
-          signal(epmd.pid, "SIGTERM")
-          await waitForExit(epmd.pid, 2_000)
-        }
+        await Promise.all(layouts.map((layout, i) => stopNode(ctls[i]!, pidFileOf(layout))))
+        await stopEpmd(epmd)
         rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
         watchdog.cancel()
       })()

@@ -200,6 +200,29 @@ export async function bootNode(
 }
 
 /** The error for a node that did not start: its log's tail; `PortTaken` when a port was taken. */
+/**
+ * Stops a node that is running: `rabbitmqctl stop`, SIGKILL when that fails, then waits for the
+ * process to go. Only a live node: `stop PIDFILE` waits out its timeout for a pid file that a node
+ * which exited cleanly (SIGTERM) has removed.
+ */
+export async function stopNode(ctl: Ctl, pidFile: string): Promise<void> {
+  const pid = readPid(pidFile)
+  if (pid === undefined || !isAlive(pid)) return
+  try {
+    await ctl(["stop", pidFile], 30_000)
+  } catch {
+    signal(pid, "SIGKILL")
+  }
+  await waitForExit(pid, 10_000)
+}
+
+/** Stops the private epmd, if it still runs. */
+export async function stopEpmd(epmd: { readonly pid?: number | undefined } | undefined): Promise<void> {
+  if (epmd?.pid === undefined || !isAlive(epmd.pid)) return
+  signal(epmd.pid, "SIGTERM")
+  await waitForExit(epmd.pid, 2_000)
+}
+
 export function bootFailure(layout: NodeLayout, error: unknown): Error {
   const logDir = logDirOf(layout)
   const log =
@@ -287,21 +310,8 @@ async function attemptStart(bin: RabbitBinaries, user: UserIds | undefined): Pro
     },
     stop: () => {
       stopped ??= (async () => {
-        const pid = nodePid()
-        // Only a live node: `stop PIDFILE` waits out its timeout for a pid file that a node which
-        // exited cleanly (SIGTERM) has removed.
-        if (pid !== undefined && isAlive(pid)) {
-          try {
-            await ctl(["stop", pidFile], 30_000)
-          } catch {
-            signal(pid, "SIGKILL")
-          }
-          await waitForExit(pid, 10_000)
-        }
-        if (epmd?.pid !== undefined && isAlive(epmd.pid)) {
-          signal(epmd.pid, "SIGTERM")
-          await waitForExit(epmd.pid, 2_000)
-        }
+        await stopNode(ctl, pidFile)
+        await stopEpmd(epmd)
         rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
         watchdog.cancel()
       })()
