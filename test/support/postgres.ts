@@ -11,6 +11,7 @@ import {
   isRoot,
   run,
   startWatchdog,
+  stopOnce,
   tailFile,
   type UserIds,
   userIds,
@@ -114,7 +115,6 @@ export async function startLocalPostgres(options: LocalPostgresOptions = {}): Pr
       }
     }
 
-    let stopped: Promise<void> | undefined
     return {
       url: `postgres://postgres@127.0.0.1:${port}/postgres`,
       port,
@@ -127,23 +127,21 @@ export async function startLocalPostgres(options: LocalPostgresOptions = {}): Pr
         await new Promise((resolve) => setTimeout(resolve, ms))
         await pgCtlRun(["-l", log, "-w", "-t", "60", "start"])
       },
-      stop: () => {
-        stopped ??= pgCtlRun(["-m", "immediate", "-w", "stop"], 30_000)
-          .catch(() => {})
-          .then(() => {
-            rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
-            watchdog.cancel()
-          })
-        return stopped
-      },
-      stopSync: () => {
-        if (stopped) return
-        stopped = Promise.resolve()
-        const [file, args] = asUser(user, pgCtl, ["-D", dataDir, "-m", "immediate", "-w", "stop"])
-        spawnSync(file, args, { cwd: dir, stdio: "ignore", timeout: 10_000 })
-        rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
-        watchdog.cancel()
-      },
+      ...stopOnce(
+        () =>
+          pgCtlRun(["-m", "immediate", "-w", "stop"], 30_000)
+            .catch(() => {})
+            .then(() => {
+              rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
+              watchdog.cancel()
+            }),
+        () => {
+          const [file, args] = asUser(user, pgCtl, ["-D", dataDir, "-m", "immediate", "-w", "stop"])
+          spawnSync(file, args, { cwd: dir, stdio: "ignore", timeout: 10_000 })
+          rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
+          watchdog.cancel()
+        },
+      ),
     }
   } catch (error) {
     const [file, args] = asUser(user, pgCtl, ["-D", dataDir, "-m", "immediate", "-w", "stop"])

@@ -206,3 +206,26 @@ export function startWatchdog(script: string, args: readonly string[]): Watchdog
     },
   }
 }
+
+/**
+ * A server's `stop` and `stopSync`, each doing its work at most once: `stop` runs `stopping` once
+ * (later calls get the same promise); `stopSync` (an exit handler) kills at once unless a stop
+ * already began.
+ */
+export function stopOnce(
+  stopping: () => Promise<void>,
+  killSync: () => void,
+): { readonly stop: () => Promise<void>; readonly stopSync: () => void } {
+  let stopped: Promise<void> | undefined
+  return {
+    stop: () => {
+      stopped ??= stopping()
+      return stopped
+    },
+    stopSync: () => {
+      if (stopped) return
+      stopped = Promise.resolve()
+      killSync()
+    },
+  }
+}

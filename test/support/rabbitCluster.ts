@@ -14,6 +14,7 @@ import {
   run,
   signal,
   startWatchdog,
+  stopOnce,
   type UserIds,
   userIds,
   waitForExit,
@@ -235,7 +236,6 @@ async function attemptStart(bin: RabbitBinaries, user: UserIds | undefined): Pro
     }
   })
 
-  let stopped: Promise<void> | undefined
   const cluster: RabbitCluster = {
     nodes,
     urls: nodes.map((n) => n.url),
@@ -247,20 +247,12 @@ async function attemptStart(bin: RabbitBinaries, user: UserIds | undefined): Pro
       parseConnections(
         await anyCtl()(["list_connections", "-p", "/", "port", "client_properties", "--formatter", "json"]),
       ),
-    stop: () => {
-      stopped ??= (async () => {
-        await Promise.all(layouts.map((layout, i) => stopNode(ctls[i]!, pidFileOf(layout))))
-        await stopEpmd(epmd)
-        rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
-        watchdog.cancel()
-      })()
-      return stopped
-    },
-    stopSync: () => {
-      if (stopped) return
-      stopped = Promise.resolve()
-      killAllSync()
-    },
+    ...stopOnce(async () => {
+      await Promise.all(layouts.map((layout, i) => stopNode(ctls[i]!, pidFileOf(layout))))
+      await stopEpmd(epmd)
+      rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
+      watchdog.cancel()
+    }, killAllSync),
   }
   return cluster
 }

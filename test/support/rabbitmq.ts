@@ -24,6 +24,7 @@ import {
   run,
   signal,
   startWatchdog,
+  stopOnce,
   tailFile,
   type UserIds,
   userIds,
@@ -298,7 +299,6 @@ async function attemptStart(bin: RabbitBinaries, user: UserIds | undefined): Pro
     throw failure
   }
 
-  let stopped: Promise<void> | undefined
   return {
     url: `amqp://guest:guest@127.0.0.1:${port}`,
     port,
@@ -308,20 +308,12 @@ async function attemptStart(bin: RabbitBinaries, user: UserIds | undefined): Pro
     closeAllConnections: async (reason = "test") => {
       await ctl(["close_all_connections", "-p", "/", reason])
     },
-    stop: () => {
-      stopped ??= (async () => {
-        await stopNode(ctl, pidFile)
-        await stopEpmd(epmd)
-        rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
-        watchdog.cancel()
-      })()
-      return stopped
-    },
-    stopSync: () => {
-      if (stopped) return
-      stopped = Promise.resolve()
-      killAllSync()
-    },
+    ...stopOnce(async () => {
+      await stopNode(ctl, pidFile)
+      await stopEpmd(epmd)
+      rmSync(dir, { recursive: true, force: true, maxRetries: 5 })
+      watchdog.cancel()
+    }, killAllSync),
   }
 }
 
