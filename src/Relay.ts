@@ -179,7 +179,8 @@ export const make = (
     const holder = uuidv7()
     const wake = makeSignal()
     const wakeups = yield* subscribeWakeups(
-      store.wakeups,
+      // Called as the store's method: a store written as a class keeps its `this`.
+      (onWake, onHearing) => store.wakeups(onWake, onHearing),
       wake,
       (e) => `relay: LISTEN unavailable, polling only: ${e.message}`,
     )
