@@ -5,8 +5,11 @@
 // - hand: support/hand.ts (tables, the producer's transaction), support/handRelayProcess.ts
 //   (SKIP LOCKED batches of 200, confirms, one UPDATE, polls every 50 ms),
 //   support/handInboxProcess.ts (one transaction per delivery, prefetch 32, 4 connections, quorum queue);
-// - txbox: support/producerProcess.ts mode "enqueue", support/relayProcess.ts and
-//   support/inboxProcess.ts (idempotent, RECORD=1) with no options: the library's defaults.
+// - txbox: support/producerProcess.ts mode "enqueue" (the hand-written producer's transaction on the
+//   same `pg` client, Outbox.enqueue in place of its INSERT), support/relayProcess.ts and
+//   support/inboxProcess.ts (idempotent, RECORD=1) with no options: the library's defaults;
+// - txbox-kysely (only when asked for, --pipelines hand,txbox,txbox-kysely): txbox with the
+//   producer's transaction through Kysely, as the README's quickstart writes it.
 //
 // Each run: a fresh database and exchange/queue; one producer process (4 connections) and N relay +
 // N inbox processes ("1+1", "2+2"); CPU sampled from /proc from the producers' start until every
@@ -48,7 +51,8 @@ import {
 const args = parseArgs()
 const quick = args.quick
 
-type Pipeline = "hand" | "txbox"
+/** "txbox-kysely": txbox with the producer's transaction through Kysely (the quickstart's wiring). */
+type Pipeline = "hand" | "txbox" | "txbox-kysely"
 type Load = number | "max"
 interface Topology {
   readonly name: string
@@ -66,7 +70,8 @@ const listOf = <T>(name: string, fallback: string, parse: (part: string) => T): 
 
 const config = {
   pipelines: listOf("pipelines", "hand,txbox", (p): Pipeline => {
-    if (p !== "hand" && p !== "txbox") throw new Error(`--pipelines: ${p} (hand, txbox)`)
+    if (p !== "hand" && p !== "txbox" && p !== "txbox-kysely")
+      throw new Error(`--pipelines: ${p} (hand, txbox, txbox-kysely)`)
     return p
   }),
   loads: listOf("loads", quick ? "max" : "max,250,1000", (p): Load => {
@@ -255,6 +260,9 @@ main(() =>
         const hand = byPipeline.get("hand")
         const txbox = byPipeline.get("txbox")
         if (hand && txbox) rows.push(["txbox / hand", ...txbox.map((v, i) => roundRatio(ratio(v, hand[i])))])
+        const viaKysely = byPipeline.get("txbox-kysely")
+        if (hand && viaKysely)
+          rows.push(["txbox-kysely / hand", ...viaKysely.map((v, i) => roundRatio(ratio(v, hand[i])))])
         printTable(
           `${topology.relays} relay + ${topology.inboxes} inbox process(es), ${load === "max" ? "flat out" : `${load} msg/s offered`} for ${config.seconds} s, ` +
             `1 producer × ${config.connections} connections${config.rounds > 1 ? `; medians of ${config.rounds} runs` : ""}. ` +
@@ -285,7 +293,7 @@ main(() =>
           })
         }
         // txbox's relays: claims per second and the share that found nothing (medians of the runs).
-        const claims = here.flatMap((r) => (r.pipeline === "txbox" && r.claims ? [r.claims] : []))
+        const claims = here.flatMap((r) => (r.pipeline !== "hand" && r.claims ? [r.claims] : []))
         if (claims.length > 0) {
           put(`txbox_claims_per_s_${k}`, median(claims.map((c) => c.perSecond)), 1)
           put(`txbox_empty_claims_${k}`, median(claims.map((c) => c.empty)), 3)
@@ -468,7 +476,7 @@ async function runOnce(
       ).catch((error: Error) => {
         throw new Error(`${error.message} (the inboxes report ${handledByStats()})`)
       })
-    const mode = pipeline === "hand" ? "hand" : "enqueue"
+    const mode = pipeline === "hand" ? "hand" : pipeline === "txbox" ? "enqueue" : "enqueue-kysely"
     const rate = load === "max" ? 0 : load
     let warmed = 0
     if (config.warmupSeconds > 0) {

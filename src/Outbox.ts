@@ -14,7 +14,7 @@ import type { Executor } from "./ports/OutboxWriter.ts"
 import { writeOutbox } from "./storage/sql/enqueue.ts"
 
 export type { EnqueuedMessage, EnqueueOptions, EventInput } from "./core/enqueue.ts"
-export type { Executor } from "./ports/OutboxWriter.ts"
+export type { Executor, SqlClient } from "./ports/OutboxWriter.ts"
 
 const sql = makeEnqueue(writeOutbox)
 

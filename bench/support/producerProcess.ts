@@ -4,6 +4,8 @@
 // hand-written outbox's transaction instead (support/hand.ts: plain SQL on the same `pg` pool, the
 // row into `hand.outbox`). Driven over stdio: prints {"event":"ready"} once connected; a JSON command line
 //   {"cmd":"run","run":1,"mode":"enqueue"|"order-only"|"hand","rate":250,"seconds":12.5}
+// ("enqueue": the order and Outbox.enqueue on one `pg` client between BEGIN and COMMIT, the hand-written
+// producer's shape; "enqueue-kysely": the same through Kysely's transaction, as the README's quickstart)
 // runs for `seconds` (rate 0 = flat out: CONNECTIONS loops back to back; else transactions started
 // on a steady schedule, at most CONNECTIONS in flight, a producer that falls behind catching up as
 // fast as it can) and then prints {"event":"done","run":1,"transactions":n,"errors":n,"p50":ms,"p99":ms}
@@ -41,7 +43,7 @@ const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) })
 interface RunCommand {
   readonly cmd: "run"
   readonly run: number
-  readonly mode: "enqueue" | "order-only" | "hand"
+  readonly mode: "enqueue" | "enqueue-kysely" | "order-only" | "hand"
   /** Transactions per second of this process; 0 = flat out. */
   readonly rate: number
   readonly seconds: number
@@ -53,6 +55,7 @@ const nextSerial = () => index + processes * k++
 const transaction = async (command: RunCommand): Promise<void> => {
   const payload = makePayload(nextSerial())
   if (command.mode === "hand") return handTransaction(pool, payload, command.run)
+  if (command.mode === "enqueue") return clientTransaction(payload, command.run)
   await db.transaction().execute(async (trx) => {
     // The order as SQL text through the transaction, the same statement the hand-written producer
     // sends: bench/cost.ts compares what the outbox costs, not Kysely's query builder (bench/builder.ts).
@@ -65,12 +68,42 @@ const transaction = async (command: RunCommand): Promise<void> => {
         command.run,
       ]),
     )
-    if (command.mode === "enqueue") {
+    if (command.mode === "enqueue-kysely") {
       await Effect.runPromise(
         Outbox.enqueue(trx, OrderPlaced, payload, keyed ? { partitionKey: payload.orderId } : undefined),
       )
     }
   })
+}
+
+/**
+ * Mode "enqueue": the hand-written producer's transaction (support/hand.ts) with `Outbox.enqueue` on
+ * the same `pg` client in place of its outbox INSERT, so the two differ by the outbox alone.
+ */
+const clientTransaction = async (payload: OrderPlaced, run: number): Promise<void> => {
+  const client = await pool.connect()
+  let broken: Error | undefined
+  try {
+    await client.query("BEGIN")
+    await client.query(ORDER_INSERT, [
+      payload.orderId,
+      payload.customerId,
+      payload.total,
+      payload.serial,
+      run,
+    ])
+    await Effect.runPromise(
+      Outbox.enqueue(client, OrderPlaced, payload, keyed ? { partitionKey: payload.orderId } : undefined),
+    )
+    await client.query("COMMIT")
+  } catch (error) {
+    await client.query("ROLLBACK").catch((e: Error) => {
+      broken = e
+    })
+    throw error
+  } finally {
+    client.release(broken)
+  }
 }
 
 const percentile = (sorted: ReadonlyArray<number>, q: number) =>

@@ -24,6 +24,16 @@ export interface DatabaseShape {
    */
   readonly commitRefusesAborted?: boolean
   /**
+   * True when the relay may hold its claims in a transaction: rows locked
+   * (`FOR UPDATE SKIP LOCKED`) from the claim to the mark, which commits them
+   * sent in the same transaction, instead of a lease written on every row and
+   * written again by the mark. One row write per message instead of two. A
+   * relay that dies drops its connection, and PostgreSQL hands the rows back
+   * at once; one that hangs is cut off by `idle_in_transaction_session_timeout`
+   * (the lease). Unset: leases (PGlite has one connection to share).
+   */
+  readonly holdsClaims?: boolean
+  /**
    * Subscribes to a NOTIFY channel until the scope closes. `onNotify` may be
    * called spuriously or not at all (a lost listener connection): NOTIFY only
    * shortens latency, polling keeps correctness. `onHearing`, when given, is

@@ -8,9 +8,23 @@ import type { Effect } from "effect"
 import type { Kysely, Transaction } from "kysely"
 import type { StoreError } from "../Errors.ts"
 
-/** Any Kysely executor: the caller's transaction (the point) or, for one-off writes, the pool. */
+/**
+ * A driver's client with node-postgres's `query(text, values)`: a `pg` `PoolClient` or `Client`
+ * between the caller's `BEGIN` and `COMMIT` (or, for one-off writes, a `pg.Pool`).
+ */
+export interface SqlClient {
+  /** Runs `text` with `values` for its `$1`, `$2`, … parameters; resolves with the rows. */
+  // biome-ignore lint/suspicious/noExplicitAny: node-postgres types its values as any[]
+  query(text: string, values?: any[]): Promise<{ readonly rows: ReadonlyArray<any> }>
+}
+
+/**
+ * Where enqueue writes: any Kysely executor, the caller's transaction (the point) or, for one-off
+ * writes, the pool; or a node-postgres client in the caller's own transaction (no Kysely on the
+ * producer's path at all).
+ */
 // biome-ignore lint/suspicious/noExplicitAny: enqueue joins whatever database the caller describes
-export type Executor = Kysely<any> | Transaction<any>
+export type Executor = Kysely<any> | Transaction<any> | SqlClient
 
 /** One validated outbox row as enqueue hands it to the writer, before any per-key numbering. */
 export interface EnqueueRow {

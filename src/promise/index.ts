@@ -33,7 +33,7 @@ export type {
   InboxHealth,
   InboxStats,
 } from "../Inbox.ts"
-export type { EnqueuedMessage, EnqueueOptions, EventInput, Executor } from "../Outbox.ts"
+export type { EnqueuedMessage, EnqueueOptions, EventInput, Executor, SqlClient } from "../Outbox.ts"
 export type { RelayConfig, RelayHealth, RelayStats } from "../Relay.ts"
 export type { RetryPolicy } from "../Retry.ts"
 

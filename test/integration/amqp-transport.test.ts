@@ -12,6 +12,7 @@ import {
   type OutgoingMessage,
   Transport,
 } from "../../src/ports/Transport.ts"
+import { BATCH_CONTENT_TYPE } from "../../src/transport/amqp/batch.ts"
 import type { AmqpTransportConfig } from "../../src/transport/amqp/config.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
 import { startTcpProxy } from "../support/tcpProxy.ts"
@@ -60,6 +61,23 @@ const drain = async (queue: string, count: number, timeoutMs = 5000): Promise<am
   }
   return got
 }
+
+/** The event ids in `messages`, a batch message's each (default: one message per routing key). */
+const eventIds = (messages: ReadonlyArray<amqp.GetMessage>): string[] =>
+  messages
+    .flatMap((m) =>
+      m.properties.contentType === BATCH_CONTENT_TYPE
+        ? (JSON.parse(m.content.toString("utf8")) as Array<{ id: string }>).map((e) => e.id)
+        : [m.properties.messageId as string],
+    )
+    .sort()
+
+/** Binary mode: one message per event (`batchMessages: 1`), and the default, batches. */
+const modes: ReadonlyArray<{ readonly name: string; readonly options: { readonly batchMessages?: number } }> =
+  [
+    { name: "one message per event", options: { batchMessages: 1 } },
+    { name: "batched (the default)", options: {} },
+  ]
 
 const readyCount = async (queue: string): Promise<number> => (await admin.checkQueue(queue)).messageCount
 
@@ -120,12 +138,15 @@ const tally = (outcomes: ReadonlyArray<{ readonly _tag: string }>): Record<strin
 }
 
 describe("publish", () => {
-  test("every message of a batch is confirmed and a plain AMQP client reads each CloudEvents attribute", async () => {
+  test("one message per event (batchMessages: 1): each is confirmed and a plain AMQP client reads each CloudEvents attribute", async () => {
     const exchange = freshExchange()
     const queue = await boundQueue(exchange, "orders.#")
     const batch = Array.from({ length: 50 }, (_, i) => message(i))
 
-    const outcomes = await run({ url: amqpUrl(), exchange, source: "orders-service" }, publishAll(batch))
+    const outcomes = await run(
+      { url: amqpUrl(), exchange, source: "orders-service", batchMessages: 1 },
+      publishAll(batch),
+    )
 
     expect(outcomes).toHaveLength(50)
     expect(outcomes.every((o) => o._tag === "Confirmed")).toBe(true)
@@ -159,47 +180,102 @@ describe("publish", () => {
     }
   })
 
-  test("an unroutable message comes back Returned while the rest of its batch is Confirmed", async () => {
+  test("by default a batch's events of one routing key go as one CloudEvents batch message, in order, up to batchMessages", async () => {
     const exchange = freshExchange()
-    const queue = await boundQueue(exchange, "orders.#")
+    const queue = await boundQueue(exchange, "#")
     const batch = [
-      message(1),
-      message(2),
-      message(3, { type: "billing.invoice-sent", routingKey: "billing.invoice-sent" }),
-      message(4),
+      ...Array.from({ length: 5 }, (_, i) => message(i)),
+      message(5, { type: "billing.invoice-sent", routingKey: "billing.invoice-sent", partitionKey: null }),
+      message(6),
     ]
 
-    const outcomes = await run({ url: amqpUrl(), exchange }, publishAll(batch))
+    const outcomes = await run(
+      { url: amqpUrl(), exchange, source: "orders-service", batchMessages: 4 },
+      publishAll(batch),
+    )
 
-    expect(outcomes.map((o) => o._tag)).toEqual(["Confirmed", "Confirmed", "Returned", "Confirmed"])
-    expect((outcomes[2] as { error: string }).error).toContain("billing.invoice-sent")
+    expect(outcomes.map((o) => o._tag)).toEqual(Array(7).fill("Confirmed"))
     const received = await drain(queue, 3)
-    expect(received.map((m) => m.properties.messageId).sort()).toEqual([
-      batch[0]!.id,
-      batch[1]!.id,
-      batch[3]!.id,
+    expect(received).toHaveLength(3)
+    expect(received.map((m) => m.properties.contentType)).toEqual(Array(3).fill(BATCH_CONTENT_TYPE))
+    expect(received.map((m) => m.fields.routingKey)).toEqual([
+      "orders.order-placed",
+      "orders.order-placed",
+      "billing.invoice-sent",
     ])
+    const events = received.map(
+      (m) => JSON.parse(m.content.toString("utf8")) as Array<Record<string, unknown>>,
+    )
+    expect(events.map((e) => e.map((event) => event.id))).toEqual([
+      [0, 1, 2, 3].map((i) => batch[i]!.id),
+      [4, 6].map((i) => batch[i]!.id),
+      [batch[5]!.id],
+    ])
+    // A structured CloudEvent each; what binary mode puts in application properties, in
+    // txboxheaders (a JSON object in a string: CloudEvents extension values are simple types).
+    expect(events[0]![1]).toEqual({
+      specversion: "1.0",
+      id: batch[1]!.id,
+      source: "orders-service",
+      type: "orders.order-placed",
+      time: "2024-05-06T07:08:09.123Z",
+      datacontenttype: "application/json",
+      txboxversion: 2,
+      txboxheaders: JSON.stringify({
+        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "x-origin": "test",
+        "partition-key": "customer-1",
+        "tenant-id": "acme",
+      }),
+      data: JSON.parse(batch[1]!.body),
+    })
+    expect(received[0]!.properties.deliveryMode).toBe(2)
+    expect(received[0]!.properties.appId).toBe("orders-service")
   })
 
-  test("a message that can never be published is Rejected while the rest of its batch is Confirmed", async () => {
-    const exchange = freshExchange()
-    const queue = await boundQueue(exchange, "orders.#")
-    const batch = [
-      message(1),
-      // Headers beyond amqplib's 64 KiB table buffer.
-      message(2, { headers: { huge: "x".repeat(70_000) } }),
-      // Larger than the configured maxMessageSize.
-      message(3, { body: JSON.stringify({ blob: "y".repeat(5000) }) }),
-      message(4),
-    ]
+  for (const mode of modes) {
+    test(`${mode.name}: an unroutable message comes back Returned while the rest of its batch is Confirmed`, async () => {
+      const exchange = freshExchange()
+      const queue = await boundQueue(exchange, "orders.#")
+      const batch = [
+        message(1),
+        message(2),
+        message(3, { type: "billing.invoice-sent", routingKey: "billing.invoice-sent" }),
+        message(4),
+      ]
 
-    const outcomes = await run({ url: amqpUrl(), exchange, maxMessageSize: 4096 }, publishAll(batch))
+      const outcomes = await run({ url: amqpUrl(), exchange, ...mode.options }, publishAll(batch))
 
-    expect(outcomes.map((o) => o._tag)).toEqual(["Confirmed", "Rejected", "Rejected", "Confirmed"])
-    expect((outcomes[2] as { error: string }).error).toContain("maxMessageSize")
-    const received = await drain(queue, 2)
-    expect(received.map((m) => m.properties.messageId).sort()).toEqual([batch[0]!.id, batch[3]!.id])
-  })
+      expect(outcomes.map((o) => o._tag)).toEqual(["Confirmed", "Confirmed", "Returned", "Confirmed"])
+      expect((outcomes[2] as { error: string }).error).toContain("billing.invoice-sent")
+      const received = await drain(queue, mode.options.batchMessages === 1 ? 3 : 1)
+      expect(eventIds(received)).toEqual([batch[0]!.id, batch[1]!.id, batch[3]!.id])
+    })
+
+    test(`${mode.name}: a message that can never be published is Rejected while the rest of its batch is Confirmed`, async () => {
+      const exchange = freshExchange()
+      const queue = await boundQueue(exchange, "orders.#")
+      const batch = [
+        message(1),
+        // Headers beyond amqplib's 64 KiB table buffer.
+        message(2, { headers: { huge: "x".repeat(70_000) } }),
+        // Larger than the configured maxMessageSize.
+        message(3, { body: JSON.stringify({ blob: "y".repeat(5000) }) }),
+        message(4),
+      ]
+
+      const outcomes = await run(
+        { url: amqpUrl(), exchange, maxMessageSize: 4096, ...mode.options },
+        publishAll(batch),
+      )
+
+      expect(outcomes.map((o) => o._tag)).toEqual(["Confirmed", "Rejected", "Rejected", "Confirmed"])
+      expect((outcomes[2] as { error: string }).error).toContain("maxMessageSize")
+      // Batched too: the events too large to go with others close the batch before them.
+      const received = await drain(queue, 2)
+      expect(eventIds(received)).toEqual([batch[0]!.id, batch[3]!.id])
+    })
+  }
 
   test("publishing with the broker unreachable fails fast with a TransportError, not a hang", async () => {
     const port = await closedPort()
@@ -423,92 +499,98 @@ describe("subscribe", () => {
     for (let attempt = 1; attempt <= 3; attempt++) queues.push(`txbox.${consumer}.delay.${attempt}`)
   }
 
-  test("the handler sees the decoded Delivery, and Ack removes the message from the queue", async () => {
-    const exchange = freshExchange()
-    const consumer = uniqueName("ack")
-    track(consumer)
-    const seen: Delivery[] = []
+  for (const mode of modes) {
+    test(`${mode.name}: the handler sees the decoded Delivery, and Ack removes the message from the queue`, async () => {
+      const exchange = freshExchange()
+      const consumer = uniqueName("ack")
+      track(consumer)
+      const seen: Delivery[] = []
 
-    await run(
-      consumerConfig(exchange),
-      Effect.gen(function* () {
-        const transport = yield* Transport
-        yield* transport.subscribe({ consumer, types: ["orders.order-placed"], prefetch: 10 }, (delivery) =>
-          Effect.sync(() => {
-            seen.push(delivery)
-            return { _tag: "Ack" } as const
-          }),
-        )
-        const outcomes = yield* transport.publish([message(1), message(2)])
-        expect(outcomes.map((o) => o._tag)).toEqual(["Confirmed", "Confirmed"])
-        yield* Effect.promise(() => eventually(() => expect(seen).toHaveLength(2)))
-      }),
-    )
+      await run(
+        { ...consumerConfig(exchange), ...mode.options },
+        Effect.gen(function* () {
+          const transport = yield* Transport
+          yield* transport.subscribe({ consumer, types: ["orders.order-placed"], prefetch: 10 }, (delivery) =>
+            Effect.sync(() => {
+              seen.push(delivery)
+              return { _tag: "Ack" } as const
+            }),
+          )
+          const outcomes = yield* transport.publish([message(1), message(2)])
+          expect(outcomes.map((o) => o._tag)).toEqual(["Confirmed", "Confirmed"])
+          yield* Effect.promise(() => eventually(() => expect(seen).toHaveLength(2)))
+        }),
+      )
 
-    const first = seen.find((d) => d.messageId === message(1).id)!
-    expect(first).toEqual({
-      messageId: message(1).id,
-      type: "orders.order-placed",
-      version: 2,
-      body: message(1).body,
-      bodyBytes: Buffer.from(message(1).body),
-      headers: {
-        "cloudEvents:specversion": "1.0",
-        "cloudEvents:id": message(1).id,
-        "cloudEvents:type": "orders.order-placed",
-        "cloudEvents:source": "txbox",
-        "cloudEvents:time": "2024-05-06T07:08:09.123Z",
-        "txbox-version": "2",
-        traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        "partition-key": "customer-1",
-        "tenant-id": "acme",
-        "x-origin": "test",
-      },
-      partitionKey: "customer-1",
-      tenantId: "acme",
-      attempt: 1,
-      redelivered: false,
+      const first = seen.find((d) => d.messageId === message(1).id)!
+      expect(first).toEqual({
+        messageId: message(1).id,
+        type: "orders.order-placed",
+        version: 2,
+        body: message(1).body,
+        // A batched event's body is its data as text, with no bytes of its own.
+        ...(mode.options.batchMessages === 1 ? { bodyBytes: Buffer.from(message(1).body) } : {}),
+        headers: {
+          "cloudEvents:specversion": "1.0",
+          "cloudEvents:id": message(1).id,
+          "cloudEvents:type": "orders.order-placed",
+          "cloudEvents:source": "txbox",
+          "cloudEvents:time": "2024-05-06T07:08:09.123Z",
+          "txbox-version": "2",
+          traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+          "partition-key": "customer-1",
+          "tenant-id": "acme",
+          "x-origin": "test",
+        },
+        partitionKey: "customer-1",
+        tenantId: "acme",
+        attempt: 1,
+        redelivered: false,
+      })
+      const queue = await admin.checkQueue(`txbox.${consumer}`)
+      expect(queue.messageCount).toBe(0)
     })
-    const queue = await admin.checkQueue(`txbox.${consumer}`)
-    expect(queue.messageCount).toBe(0)
-  })
+  }
 
-  test("Retry brings a message back after about the delay as attempt 2, without blocking the message behind it", async () => {
-    const exchange = freshExchange()
-    const consumer = uniqueName("retry")
-    track(consumer)
-    const log: Array<{ readonly id: string; readonly attempt: number; readonly at: number }> = []
-    const delayMs = 1000
+  for (const mode of modes) {
+    // Batched, the two events share a message: the retried one goes alone to the delay queue.
+    test(`${mode.name}: Retry brings a message back after about the delay as attempt 2, without blocking the message behind it`, async () => {
+      const exchange = freshExchange()
+      const consumer = uniqueName("retry")
+      track(consumer)
+      const log: Array<{ readonly id: string; readonly attempt: number; readonly at: number }> = []
+      const delayMs = 1000
 
-    await run(
-      consumerConfig(exchange),
-      Effect.gen(function* () {
-        const transport = yield* Transport
-        // prefetch 1: if the retry held its slot while waiting, the second message would wait too.
-        yield* transport.subscribe({ consumer, types: ["orders.#"], prefetch: 1 }, (delivery) =>
-          Effect.sync((): DeliveryDecision => {
-            log.push({ id: delivery.messageId!, attempt: delivery.attempt, at: Date.now() })
-            return delivery.messageId === message(1).id && delivery.attempt === 1
-              ? { _tag: "Retry", delayMs }
-              : { _tag: "Ack" }
-          }),
-        )
-        yield* transport.publish([message(1), message(2)])
-        yield* Effect.promise(() => eventually(() => expect(log).toHaveLength(3)))
-      }),
-    )
+      await run(
+        { ...consumerConfig(exchange), ...mode.options },
+        Effect.gen(function* () {
+          const transport = yield* Transport
+          // prefetch 1: if the retry held its slot while waiting, the second message would wait too.
+          yield* transport.subscribe({ consumer, types: ["orders.#"], prefetch: 1 }, (delivery) =>
+            Effect.sync((): DeliveryDecision => {
+              log.push({ id: delivery.messageId!, attempt: delivery.attempt, at: Date.now() })
+              return delivery.messageId === message(1).id && delivery.attempt === 1
+                ? { _tag: "Retry", delayMs }
+                : { _tag: "Ack" }
+            }),
+          )
+          yield* transport.publish([message(1), message(2)])
+          yield* Effect.promise(() => eventually(() => expect(log).toHaveLength(3)))
+        }),
+      )
 
-    const [first, second, third] = log
-    expect(first).toMatchObject({ id: message(1).id, attempt: 1 })
-    expect(second).toMatchObject({ id: message(2).id, attempt: 1 })
-    expect(third).toMatchObject({ id: message(1).id, attempt: 2 })
-    expect(second!.at - first!.at).toBeLessThan(delayMs / 2)
-    const delay = third!.at - first!.at
-    expect(delay).toBeGreaterThanOrEqual(delayMs - 50)
-    expect(delay).toBeLessThan(delayMs + 1500)
-    await eventually(async () => expect(await readyCount(`txbox.${consumer}`)).toBe(0))
-    expect(await readyCount(`txbox.${consumer}.delay.1`)).toBe(0)
-  })
+      const [first, second, third] = log
+      expect(first).toMatchObject({ id: message(1).id, attempt: 1 })
+      expect(second).toMatchObject({ id: message(2).id, attempt: 1 })
+      expect(third).toMatchObject({ id: message(1).id, attempt: 2 })
+      expect(second!.at - first!.at).toBeLessThan(delayMs / 2)
+      const delay = third!.at - first!.at
+      expect(delay).toBeGreaterThanOrEqual(delayMs - 50)
+      expect(delay).toBeLessThan(delayMs + 1500)
+      await eventually(async () => expect(await readyCount(`txbox.${consumer}`)).toBe(0))
+      expect(await readyCount(`txbox.${consumer}.delay.1`)).toBe(0)
+    })
+  }
 
   test("closing the subscription's scope waits for the handler in flight, which is then acked", async () => {
     const exchange = freshExchange()

@@ -146,7 +146,7 @@ describe("relay under faults", () => {
       expect(Number(claimed.rows[0]!.n)).toBe(0)
       // Every row it marked sent really went out.
       const sent = (await outboxCounts(t.db)).sent
-      await eventually("the sent messages are on the queue", async () => seen.messages.length >= sent)
+      await eventually("the sent messages are on the queue", async () => seen.events.length >= sent)
     } finally {
       await relay.kill("SIGKILL")
       await seen.close()

@@ -205,7 +205,11 @@ for (const driver of ["postgres.js", "pg"] as const) {
     const database: MigratedDatabase = await migratedDatabase(`sql_store_${driver}`, SCHEMA)
     return {
       db: database.db,
-      layer: () => Layer.orDie(storeOf(driver).layer({ url: database.url, schema: SCHEMA, listen: false })),
+      // The contract's claims are leases (holdClaims: false); held claims: held-claims.test.ts.
+      layer: () =>
+        Layer.orDie(
+          storeOf(driver).layer({ url: database.url, schema: SCHEMA, listen: false, holdClaims: false }),
+        ),
       close: database.close,
     }
   })

@@ -16,7 +16,7 @@
  *   straight to a json parameter would be encoded a second time.
  * - Each statement is compiled once per store (`prepare`), not per call.
  */
-import { Effect, Layer } from "effect"
+import { Effect, Layer, type Scope } from "effect"
 import { type CompiledQuery, createQueryId, type Kysely, sql } from "kysely"
 import { uuidv7 } from "../../core/uuid.ts"
 import type { StoreError } from "../../Errors.ts"
@@ -31,6 +31,7 @@ import {
 import type { TxboxDatabase } from "../../ports/tables.ts"
 import { tryStore, tryStoreUndoable } from "./errors.ts"
 import { affected, now, nowPlusMs, pending, verdictsJson } from "./fragments.ts"
+import { makeHeldClaims } from "./heldClaims.ts"
 import * as opsSql from "./operations.ts"
 import { prepare } from "./prepared.ts"
 
@@ -117,7 +118,7 @@ export const markVerdicts = (marks: ReadonlyArray<OutboxMark>): string => verdic
  */
 export const markQuery = (
   db: Kysely<TxboxDatabase>,
-  { token, verdicts }: { readonly token: string; readonly verdicts: string },
+  { token, verdicts }: { readonly token: string | null; readonly verdicts: string },
 ): CompiledQuery => {
   // One JSON text parameter: every driver (postgres.js, node-postgres, PGlite)
   // binds a string the same way, which typed arrays for UNNEST do not
@@ -125,33 +126,90 @@ export const markQuery = (
   const u = sql<MarkRecord>`json_to_recordset(${verdicts}::text::json)`.as<"u">(
     sql`u(id uuid, status text, delay_ms bigint, inc int, error text)`,
   )
-  return db
-    .updateTable("outbox as o")
-    .from(u)
-    .set((eb) => ({
-      status: eb.ref("u.status"),
-      attempts: eb("o.attempts", "+", eb.ref("u.inc")),
-      visible_at: eb
-        .case()
-        .when("u.status", "=", pending)
-        .then(nowPlusMs(eb.ref("u.delay_ms")))
-        .else(eb.ref("o.visible_at"))
-        .end(),
-      published_at: eb
-        .case()
-        .when("u.status", "=", sql.lit("sent" as const))
-        .then(now)
-        .else(eb.ref("o.published_at"))
-        .end(),
-      // Done carries no error: the last one stays.
-      last_error: eb.fn.coalesce("u.error", "o.last_error"),
-      lock_token: sql.lit(null),
-    }))
-    .whereRef("o.id", "=", "u.id")
-    .where("o.lock_token", "=", token)
-    .where("o.status", "=", pending)
-    .compile()
+  return (
+    db
+      .updateTable("outbox as o")
+      .from(u)
+      .set((eb) => ({
+        status: eb.ref("u.status"),
+        attempts: eb("o.attempts", "+", eb.ref("u.inc")),
+        visible_at: eb
+          .case()
+          .when("u.status", "=", pending)
+          .then(nowPlusMs(eb.ref("u.delay_ms")))
+          .else(eb.ref("o.visible_at"))
+          .end(),
+        published_at: eb
+          .case()
+          .when("u.status", "=", sql.lit("sent" as const))
+          .then(now)
+          .else(eb.ref("o.published_at"))
+          .end(),
+        // Done carries no error: the last one stays.
+        last_error: eb.fn.coalesce("u.error", "o.last_error"),
+        lock_token: sql.lit(null),
+      }))
+      .whereRef("o.id", "=", "u.id")
+      // A held claim's rows carry no token: its transaction's row locks hold them.
+      .$if(token !== null, (qb) => qb.where("o.lock_token", "=", token!))
+      .where("o.status", "=", pending)
+      .compile()
+  )
 }
+
+/**
+ * Claims up to `limit` due rows in the caller's transaction and holds them there: row locks
+ * (SKIP LOCKED, so other relays take the next rows), no write. The transaction's
+ * `idle_in_transaction_session_timeout` becomes `idleMs` (set in the same statement, no round
+ * trip of its own): a relay stuck longer than that between two statements is cut off by the
+ * server, which hands its rows back.
+ */
+export const claimHeldQuery = (
+  db: Kysely<TxboxDatabase>,
+  { limit, idleMs }: { readonly limit: number; readonly idleMs: string },
+): CompiledQuery<ClaimedRow> =>
+  db
+    .selectFrom([
+      "outbox as o",
+      // A one-row relation joined to every row: set_config runs once, before the scan.
+      sql<{ set: string }>`(SELECT set_config('idle_in_transaction_session_timeout', ${idleMs}, true))`.as(
+        "lease",
+      ),
+    ])
+    .select((eb) => [
+      "o.id",
+      "o.type",
+      "o.version",
+      eb.cast<string>("o.payload", "text").as("payload"),
+      "o.headers",
+      "o.routing_key",
+      "o.partition_key",
+      eb.cast<number | null>("o.partition_epoch", "double precision").as("partition_epoch"),
+      eb.cast<number | null>("o.partition_seq", "double precision").as("partition_seq"),
+      "o.tenant_id",
+      eb.cast<string>("o.visible_at", "text").as("lease_until"),
+      "o.occurred_at",
+      "o.attempts",
+    ])
+    .where("o.status", "=", pending)
+    .where("o.visible_at", "<=", now)
+    .orderBy("o.visible_at")
+    .limit(limit)
+    .forUpdate("o")
+    .skipLocked()
+    .compile()
+
+/** Marks a held claim's rows (a JSON array of ids) sent, all of them: found on the primary key. */
+export const markHeldSentQuery = (
+  db: Kysely<TxboxDatabase>,
+  { ids }: { readonly ids: string },
+): CompiledQuery =>
+  db
+    .updateTable("outbox")
+    .set({ status: sql.lit("sent"), published_at: now })
+    .where(claimedRows(ids))
+    .where("status", "=", pending)
+    .compile()
 
 /**
  * Marks a whole batch sent when every row of it was: no per-row parameter,
@@ -270,7 +328,10 @@ export const holdTaskQuery = (
 /** The statements of one store, each compiled once for its schema. */
 export interface OutboxStatements {
   readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimedRow>
-  readonly mark: (params: Parameters<typeof markQuery>[1]) => CompiledQuery
+  readonly mark: (params: { readonly token: string; readonly verdicts: string }) => CompiledQuery
+  readonly claimHeld: (params: Parameters<typeof claimHeldQuery>[1]) => CompiledQuery<ClaimedRow>
+  readonly markHeld: (params: { readonly verdicts: string }) => CompiledQuery
+  readonly markHeldSent: (params: Parameters<typeof markHeldSentQuery>[1]) => CompiledQuery
   readonly markAllSent: (params: Parameters<typeof markAllSentQuery>[1]) => CompiledQuery
   readonly release: (params: { readonly token: string; readonly ids: string }) => CompiledQuery
   readonly extend: (params: {
@@ -292,6 +353,11 @@ export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
   return {
     claim: prepare(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2 }),
     mark: prepare(db, markQuery, { token: "\0token", verdicts: "\0verdicts" }),
+    claimHeld: prepare(db, claimHeldQuery, { limit: -1, idleMs: "\0idleMs" }),
+    markHeld: prepare(db, (db, p: { verdicts: string }) => markQuery(db, { ...p, token: null }), {
+      verdicts: "\0verdicts",
+    }),
+    markHeldSent: prepare(db, markHeldSentQuery, { ids: "\0ids" }),
     markAllSent: prepare(db, markAllSentQuery, { token: "\0token", leaseUntil: "\0leaseUntil" }),
     release: prepare(db, releaseQuery, { token: "\0token", ids: "\0ids" }),
     extend: prepare(db, extendQuery, { token: "\0token", leaseMs: -1, ids: "\0ids" }),
@@ -331,7 +397,7 @@ const toMessage = (row: ClaimedRow): OutboxMessage => ({
 /** Claims remembered for `markAllSent` at most; a relay has a claim or two in flight per worker. */
 const MAX_LEASES = 1024
 
-export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen(function* () {
+export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope> = Effect.gen(function* () {
   const database = yield* Database
   // Bound to txbox's schema once; `withSchema` leaves the CTE's name alone.
   const db = (database.db as Kysely<TxboxDatabase>).withSchema(database.schema)
@@ -349,6 +415,14 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     return db.executeQuery(statement).then(affected)
   }
 
+  // Claims held in a transaction (`Database.holdsClaims`; heldClaims.ts).
+  const held = makeHeldClaims(db, q, markVerdicts)
+  // Closing the store hands back what is still held: a pool does not close while a client is out.
+  yield* Effect.addFinalizer(() => Effect.promise(held.releaseAll))
+
+  const claimLeased = (token: string, limit: number, leaseMs: number) =>
+    db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => r.rows)
+
   // No generator (Effect.fnUntraced): once per cycle, and JavaScriptCore kept recompiling its body
   // for as long as the relay ran (core/inboxConsumer.ts says more).
   const claim = (limit: number, leaseMs: number): Effect.Effect<Claim<OutboxMessage>, StoreError> => {
@@ -356,16 +430,21 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
     return Effect.map(
       tryStoreUndoable(
         "OutboxStore.claim",
-        () => db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => r.rows),
+        () =>
+          database.holdsClaims === true
+            ? held.claim(token, limit, leaseMs)
+            : claimLeased(token, limit, leaseMs),
         // Given up on (interrupted, e.g. timed out), the statement may still run
         // later: hand whatever it claims straight back rather than leave it to the lease.
         (claimed) => {
-          claimed.then((rows) => (rows.length > 0 ? release(token, rows) : 0)).catch(() => 0)
+          claimed
+            .then((rows) => (rows.length > 0 ? (held.release(token) ?? release(token, rows)) : 0))
+            .catch(() => 0)
         },
       ),
       (rows) => {
         const first = rows[0]
-        if (first !== undefined) {
+        if (first !== undefined && !held.holds(token)) {
           // Claims that never reach a mark (a failed cycle) must not pile up: the per-row mark needs none.
           if (leases.size >= MAX_LEASES) leases.clear()
           leases.set(token, { until: first.lease_until, rows })
@@ -376,6 +455,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
   }
 
   const mark = (token: string, marks: ReadonlyArray<OutboxMark>) => {
+    if (held.holds(token)) return tryStore("OutboxStore.mark", () => held.mark(token, marks)!)
     const lease = leases.get(token)
     leases.delete(token)
     if (marks.length === 0) return Effect.succeed(0)
@@ -423,9 +503,11 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database> = Effect.gen
   return {
     claim,
     mark,
-    release: (token) => tryStore("OutboxStore.release", () => release(token)),
+    release: (token) => tryStore("OutboxStore.release", () => held.release(token) ?? release(token)),
     extend: (token, leaseMs) =>
       tryStore("OutboxStore.extend", () => {
+        const extended = held.extend(token)
+        if (extended !== undefined) return extended
         const lease = leases.get(token)
         if (lease === undefined) return db.executeQuery(q.extendByToken({ token, leaseMs })).then(affected)
         // The rows get another visible_at: the claim's no longer finds them.

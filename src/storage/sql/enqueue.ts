@@ -11,10 +11,19 @@
  * which must not rename txbox's columns anyway.
  */
 import { Effect } from "effect"
-import { CompiledQuery, type Kysely, sql } from "kysely"
+import {
+  CompiledQuery,
+  DummyDriver,
+  type InferResult,
+  Kysely,
+  PostgresAdapter,
+  PostgresIntrospector,
+  PostgresQueryCompiler,
+  sql,
+} from "kysely"
 import { formatKeyRoutes, type KeyRoutes, withHeader } from "../../core/keyRoutes.ts"
 import { PARTITION_ROUTES_HEADER } from "../../core/position.ts"
-import type { EnqueueRow, WriteOutbox } from "../../ports/OutboxWriter.ts"
+import type { EnqueueRow, Executor, SqlClient, WriteOutbox } from "../../ports/OutboxWriter.ts"
 import type { PartitionPosition } from "../../ports/Transport.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
 import { classifyDbError } from "./errors.ts"
@@ -119,6 +128,7 @@ interface Numbered extends PartitionPosition {
 const numberByKey = async (
   db: Kysely<TxboxDatabase>,
   rows: ReadonlyArray<{ readonly partition_key: string | null; readonly route: string }>,
+  run: Run,
 ): Promise<ReadonlyArray<Numbered | undefined>> => {
   // Per key: how many rows, and per route the (1-based) index of its last row among them.
   const perKey = new Map<string, { count: number; lastOn: Record<string, number> }>()
@@ -141,7 +151,7 @@ const numberByKey = async (
     count: number
     last_on: string
   }>`jsonb_to_recordset(${input}::text::jsonb)`.as<"k">(sql`k(key text, count int, last_on jsonb)`)
-  const counters = await db
+  const statement = db
     .insertInto("partition_counters")
     .columns(["partition_key", "seq", "routes"])
     .expression((eb) =>
@@ -175,7 +185,8 @@ const numberByKey = async (
       "routes_before",
       NOW_MS.as("now_ms"),
     ])
-    .execute()
+    .compile()
+  const counters: ReadonlyArray<InferResult<typeof statement>[number]> = await run(statement)
   // Each key's rows in order: the numbers after the counter's last, and the routes as they stood.
   const state = new Map(
     counters.map((c) => {
@@ -203,34 +214,84 @@ const numberByKey = async (
   })
 }
 
+/** Runs a compiled statement on the caller's executor; its rows. */
+// biome-ignore lint/suspicious/noExplicitAny: the statement's own row type
+type Run = (statement: CompiledQuery<any>) => Promise<ReadonlyArray<any>>
+
+/** Statements built for a caller that hands enqueue a plain client: Kysely compiles, never runs. */
+const compiler: Kysely<TxboxDatabase> = new Kysely<TxboxDatabase>({
+  dialect: {
+    createAdapter: () => new PostgresAdapter(),
+    createDriver: () => new DummyDriver(),
+    createIntrospector: (db) => new PostgresIntrospector(db),
+    createQueryCompiler: () => new PostgresQueryCompiler(),
+  },
+})
+
+const isKysely = (executor: Executor): executor is Exclude<Executor, SqlClient> => "getExecutor" in executor
+
+/** Numbers the keyed rows (`run` runs the statement), then one INSERT. */
+const writeWith = async (
+  db: Kysely<TxboxDatabase>,
+  run: Run,
+  schema: string,
+  rows: ReadonlyArray<EnqueueRow>,
+  keyed: boolean,
+): Promise<void> => {
+  const positions = keyed
+    ? await numberByKey(
+        db.withSchema(schema),
+        rows.map((r) => ({ partition_key: r.partition_key, route: r.routing_key ?? r.type })),
+        run,
+      )
+    : []
+  // Payload and headers are bound as text and cast: postgres.js would otherwise encode the JSON
+  // string a second time. The text names the schema itself.
+  await run(
+    insertOutbox(
+      schema,
+      rows.map((r, i) => {
+        const at = positions[i]
+        return at === undefined
+          ? { ...r, partition_epoch: null, partition_seq: null }
+          : {
+              ...r,
+              headers: withHeader(r.headers, PARTITION_ROUTES_HEADER, formatKeyRoutes(at.routes)),
+              partition_epoch: at.epoch,
+              partition_seq: at.seq,
+            }
+      }),
+    ),
+  )
+}
+
+/**
+ * On a plain client: the statements as they are. Keyed rows must commit with their numbers, so
+ * they go under a savepoint, which PostgreSQL refuses outside a transaction block (25P01): a
+ * client that is not in one gets that error, and nothing is written.
+ */
+const writeOnClient = async (
+  client: SqlClient,
+  schema: string,
+  rows: ReadonlyArray<EnqueueRow>,
+  keyed: boolean,
+): Promise<void> => {
+  const run: Run = (statement) =>
+    client.query(statement.sql, statement.parameters as unknown[]).then((result) => result.rows)
+  if (!keyed) return writeWith(compiler, run, schema, rows, false)
+  await client.query("SAVEPOINT txbox_enqueue")
+  await writeWith(compiler, run, schema, rows, true)
+  await client.query("RELEASE SAVEPOINT txbox_enqueue")
+}
+
 /** The `WriteOutbox` port in SQL: numbers the keyed rows, then one INSERT. */
 export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
   const keyed = rows.some((r) => r.partition_key !== null)
-  const write = async (db: Kysely<TxboxDatabase>) => {
-    const positions = keyed
-      ? await numberByKey(
-          db.withSchema(schema),
-          rows.map((r) => ({ partition_key: r.partition_key, route: r.routing_key ?? r.type })),
-        )
-      : []
-    // Payload and headers are bound as text and cast: postgres.js would otherwise encode the JSON
-    // string a second time. The text names the schema itself.
-    await db.executeQuery(
-      insertOutbox(
-        schema,
-        rows.map((r, i) => {
-          const at = positions[i]
-          return at === undefined
-            ? { ...r, partition_epoch: null, partition_seq: null }
-            : {
-                ...r,
-                headers: withHeader(r.headers, PARTITION_ROUTES_HEADER, formatKeyRoutes(at.routes)),
-                partition_epoch: at.epoch,
-                partition_seq: at.seq,
-              }
-        }),
-      ),
-    )
+  if (!isKysely(executor)) {
+    return Effect.tryPromise({
+      try: () => writeOnClient(executor, schema, rows, keyed),
+      catch: (cause) => classifyDbError("Outbox.enqueue", cause),
+    })
   }
   // The caller's plugins (a CamelCasePlugin, say) would rename txbox's columns and result rows:
   // its statements run without them, still on the caller's connection and transaction.
@@ -238,6 +299,14 @@ export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
   const db = (
     executor.getExecutor().plugins.length === 0 ? executor : executor.withoutPlugins()
   ) as Kysely<TxboxDatabase>
+  const write = (db: Kysely<TxboxDatabase>) =>
+    writeWith(
+      db,
+      (statement) => db.executeQuery(statement).then((result) => result.rows),
+      schema,
+      rows,
+      keyed,
+    )
   return Effect.tryPromise({
     // Numbers and rows must commit together, or a key would have a gap its consumers wait on
     // forever: outside a transaction, enqueue opens one of its own.

@@ -5,7 +5,8 @@
  *   a cluster, given its nodes' `urls`, to the next node in round robin;
  * - one confirm channel for publishing, every message of a batch in flight at
  *   once (bounded by `publishWindow`), `mandatory` so unroutable messages come
- *   back as `Returned` instead of counting as sent;
+ *   back as `Returned` instead of counting as sent; a batch's events of one
+ *   routing key go as one CloudEvents batch message (batch.ts, `batchMessages`);
  * - one channel per subscription, manual acks, retries through delay queues.
  *
  * Topology: a durable topic exchange; each consumer owns a durable queue
@@ -25,6 +26,7 @@ import {
   Transport,
   type TransportShape,
 } from "../../ports/Transport.ts"
+import { type EncodedBatches, encodeBatches } from "./batch.ts"
 import { type AmqpTransportConfig, type ResolvedConfig, resolveConfig } from "./config.ts"
 import { ConfirmPublisher } from "./confirms.ts"
 import { type Connection, type Live, makeConnection, openConfirmChannel, rpc } from "./connection.ts"
@@ -120,7 +122,6 @@ const makePublish = (
    */
   const messageSpans = (
     messages: ReadonlyArray<OutgoingMessage>,
-    items: Array<EncodeResult>,
   ): Effect.Effect<ReadonlyArray<Tracer.Span>> =>
     Effect.gen(function* () {
       const batch = yield* Effect.option(Effect.currentSpan)
@@ -129,7 +130,7 @@ const makePublish = (
       for (let i = 0; i < messages.length; i++) {
         const message = messages[i]!
         const parent = parentFromTraceparent(message.headers[Headers.traceparent])
-        const span = yield* Effect.makeSpan(messageSpanName, {
+        spans[i] = yield* Effect.makeSpan(messageSpanName, {
           kind: "producer",
           links,
           ...(parent === undefined ? {} : { parent }),
@@ -142,15 +143,31 @@ const makePublish = (
             "txbox.type": message.type,
           },
         })
-        spans[i] = span
-        const item = items[i]!
-        const traceparent = traceparentOf(span)
-        if (item._tag === "Encoded" && traceparent !== undefined) {
-          ;(item.message.options.headers as Record<string, unknown>)[Headers.traceparent] = traceparent
-        }
       }
       return spans
     })
+
+  /** Each message with its PRODUCER span's traceparent in place of the stored one. */
+  const sentUnder = (
+    messages: ReadonlyArray<OutgoingMessage>,
+    spans: ReadonlyArray<Tracer.Span>,
+  ): ReadonlyArray<OutgoingMessage> =>
+    messages.map((message, i) => {
+      const traceparent = traceparentOf(spans[i]!)
+      return traceparent === undefined
+        ? message
+        : { ...message, headers: { ...message.headers, [Headers.traceparent]: traceparent } }
+    })
+
+  // Never a batch the publisher would refuse whole: only an event too large alone is Rejected.
+  const limits = { messages: config.batchMessages, bytes: Math.min(config.batchBytes, config.maxMessageSize) }
+  /** The publish arguments; with batching, several events per message (batch.ts). */
+  const encode = (messages: ReadonlyArray<OutgoingMessage>): EncodedBatches => {
+    if (config.batchMessages > 1) return encodeBatches(messages, config.source, limits)
+    const items = new Array<EncodeResult>(messages.length)
+    for (let i = 0; i < messages.length; i++) items[i] = encodeMessage(messages[i]!, config.source)
+    return { items, members: [] }
+  }
 
   const endSpans = (
     spans: ReadonlyArray<Tracer.Span>,
@@ -178,19 +195,27 @@ const makePublish = (
     tracing: boolean,
   ): Effect.Effect<ReadonlyArray<PublishOutcome>, TransportError> => {
     if (messages.length === 0) return Effect.succeed([])
-    const items = new Array<EncodeResult>(messages.length)
-    for (let i = 0; i < messages.length; i++) items[i] = encodeMessage(messages[i]!, config.source)
-    const send = (target: ConfirmPublisher, spans: ReadonlyArray<Tracer.Span>) =>
+    const send = (
+      target: ConfirmPublisher,
+      spans: ReadonlyArray<Tracer.Span>,
+      outgoing: ReadonlyArray<OutgoingMessage>,
+    ) =>
       Effect.callback<ReadonlyArray<PublishOutcome>>((resume) => {
-        const batch = target.publish(config.exchange, items, (outcomes) => resume(Effect.succeed(outcomes)))
+        const { items, members } = encode(outgoing)
+        const batch = target.publish(config.exchange, items, (outcomes) =>
+          // A batch message's outcome is each of its events'.
+          resume(
+            Effect.succeed(members.length === 0 ? outcomes : perEvent(outcomes, members, outgoing.length)),
+          ),
+        )
         return Effect.sync(() => target.abandon(batch))
       }).pipe(Effect.onExit((exit) => endSpans(spans, Exit.isSuccess(exit) ? exit.value : undefined)))
     // Without a tracer no span per message: the stored traceparent (the producer's) goes as it is.
-    if (!tracing) return Effect.flatMap(publisher, (target) => send(target, []))
+    if (!tracing) return Effect.flatMap(publisher, (target) => send(target, [], messages))
     return Effect.annotateCurrentSpan("messaging.batch.message_count", messages.length).pipe(
       Effect.andThen(publisher),
       Effect.flatMap((target) =>
-        Effect.flatMap(messageSpans(messages, items), (spans) => send(target, spans)),
+        Effect.flatMap(messageSpans(messages), (spans) => send(target, spans, sentUnder(messages, spans))),
       ),
     )
   }
@@ -204,6 +229,17 @@ const makePublish = (
     Effect.flatMap(isTracing, (tracing) =>
       tracing ? Effect.withSpan(publishBatch(messages, true), PUBLISH, span) : publishBatch(messages, false),
     )
+}
+
+/** Outcomes per batch message spread over the events each carried, in the events' order. */
+const perEvent = (
+  outcomes: ReadonlyArray<PublishOutcome>,
+  members: ReadonlyArray<ReadonlyArray<number>>,
+  count: number,
+): ReadonlyArray<PublishOutcome> => {
+  const each = new Array<PublishOutcome>(count)
+  for (let i = 0; i < members.length; i++) for (const at of members[i]!) each[at] = outcomes[i]!
+  return each
 }
 
 /**

@@ -6,8 +6,16 @@
 import type { ConsumeMessage } from "amqplib"
 import { Cause, Duration, Effect } from "effect"
 import type { Delivery, DeliveryDecision } from "../../ports/Transport.ts"
+import { type BatchedEvent, batchOfOne, decodeBatch, isBatch } from "./batch.ts"
 import { ack, type Generation, requeue } from "./generation.ts"
-import { FALLBACK_DELAY_MS, type RetryOptions, retry } from "./retry.ts"
+import {
+  type CopyResult,
+  FALLBACK_DELAY_MS,
+  type RetryOptions,
+  retry,
+  retryCopy,
+  settleOriginal,
+} from "./retry.ts"
 import { deadLetterReason, decodeDelivery } from "./wire.ts"
 
 export type Handle = (delivery: Delivery) => Effect.Effect<DeliveryDecision>
@@ -21,6 +29,27 @@ export interface DeliveryOptions {
   readonly retry: RetryOptions
 }
 
+/** The handler's decision; a handler that dies is retried later (logged). */
+const decide = (
+  options: DeliveryOptions,
+  delivery: Delivery,
+  what: string,
+): Effect.Effect<DeliveryDecision> =>
+  Effect.suspend(() => options.handle(delivery)).pipe(
+    Effect.catchCause((cause) =>
+      // Interrupted handlers stay unsettled; the broker redelivers them.
+      Cause.hasInterruptsOnly(cause)
+        ? Effect.failCause(cause)
+        : Effect.logError(`txbox amqp: handler for ${options.consumer} died${what}; retrying`, cause).pipe(
+            Effect.as(DEFECT_RETRY),
+          ),
+    ),
+  )
+
+/** The events of a batch message, or undefined for a message of one event (binary or structured mode). */
+const eventsOf = (message: ConsumeMessage): ReadonlyArray<BatchedEvent> | undefined =>
+  isBatch(message.properties?.contentType) ? decodeBatch(message) : undefined
+
 /** A message from the consumer queue: acked, or retried through a delay queue. */
 export const processDelivery = (
   options: DeliveryOptions,
@@ -30,24 +59,50 @@ export const processDelivery = (
   // Combinators, not Effect.gen: once per delivery, and JavaScriptCore kept recompiling the
   // generator body for as long as the consumer ran (core/inboxConsumer.ts says more).
   Effect.suspend(() => {
+    const events = eventsOf(message)
+    if (events !== undefined) return processBatch(options, generation, message, events)
     const delivery = decodeDelivery(message)
-    return Effect.suspend(() => options.handle(delivery)).pipe(
-      Effect.catchCause((cause) =>
-        // Interrupted handlers stay unsettled; the broker redelivers them.
-        Cause.hasInterruptsOnly(cause)
-          ? Effect.failCause(cause)
-          : Effect.logError(`txbox amqp: handler for ${options.consumer} died; retrying`, cause).pipe(
-              Effect.as(DEFECT_RETRY),
-            ),
-      ),
-      Effect.flatMap((decision) => {
-        if (decision._tag !== "Ack")
-          return retry(options.retry, generation, message, delivery.attempt, decision)
-        ack(generation, message)
-        return Effect.void
-      }),
-    )
+    return Effect.flatMap(decide(options, delivery, ""), (decision) => {
+      if (decision._tag !== "Ack")
+        return retry(options.retry, generation, message, delivery.attempt, decision)
+      ack(generation, message)
+      return Effect.void
+    })
   })
+
+/** The copy of one event of a batch for its retry: a batch of one, with that event's id. */
+const copyOf = (message: ConsumeMessage, event: BatchedEvent): ConsumeMessage => ({
+  ...message,
+  content: batchOfOne(event.event),
+  properties: { ...message.properties, messageId: event.delivery.messageId ?? message.properties.messageId },
+})
+
+/** The worst of the copies' results: the original is acked only when every copy is confirmed. */
+const worst = (results: ReadonlyArray<CopyResult>): CopyResult =>
+  results.includes("gone") ? "gone" : results.includes("requeue") ? "requeue" : "copied"
+
+/**
+ * A batch message: each event handled as if it had come alone (the inbox shares transactions
+ * between those that arrive together); an event to retry is copied alone to its delay queue; the
+ * message is acked once every event is settled. A channel lost meanwhile leaves it unacked: the
+ * broker redelivers the whole batch, and the events already handled are duplicates the inbox knows.
+ */
+const processBatch = (
+  options: DeliveryOptions,
+  generation: Generation,
+  message: ConsumeMessage,
+  events: ReadonlyArray<BatchedEvent>,
+): Effect.Effect<void> =>
+  Effect.forEach(
+    events,
+    (event) =>
+      Effect.flatMap(decide(options, event.delivery, ""), (decision) =>
+        decision._tag === "Ack"
+          ? Effect.succeed<CopyResult>("copied")
+          : retryCopy(options.retry, generation, copyOf(message, event), event.delivery.attempt, decision),
+      ),
+    { concurrency: "unbounded" },
+  ).pipe(Effect.map((results) => settleOriginal(generation, message, worst(results))))
 
 /** A message the broker dead-lettered: the consumer records it; while it cannot, it stays in the dead queue. */
 export const processDeadLettered = (
@@ -56,18 +111,15 @@ export const processDeadLettered = (
   message: ConsumeMessage,
 ): Effect.Effect<void> =>
   Effect.gen(function* () {
-    const delivery = { ...decodeDelivery(message), deadLettered: deadLetterReason(message) }
-    const decision = yield* Effect.suspend(() => options.handle(delivery)).pipe(
-      Effect.catchCause((cause) =>
-        Cause.hasInterruptsOnly(cause)
-          ? Effect.failCause(cause)
-          : Effect.logError(
-              `txbox amqp: handler for ${options.consumer} died on a dead-lettered message`,
-              cause,
-            ).pipe(Effect.as(DEFECT_RETRY)),
-      ),
+    const deadLettered = deadLetterReason(message)
+    const deliveries = eventsOf(message)?.map((event) => event.delivery) ?? [decodeDelivery(message)]
+    const decisions = yield* Effect.forEach(
+      deliveries,
+      (delivery) => decide(options, { ...delivery, deadLettered }, " on a dead-lettered message"),
+      { concurrency: "unbounded" },
     )
-    if (decision._tag === "Ack") return ack(generation, message)
-    yield* Effect.sleep(Duration.millis(Math.min(Math.max(0, decision.delayMs), FALLBACK_DELAY_MS)))
+    const retries = decisions.flatMap((d) => (d._tag === "Retry" ? [d.delayMs] : []))
+    if (retries.length === 0) return ack(generation, message)
+    yield* Effect.sleep(Duration.millis(Math.min(Math.max(0, Math.min(...retries)), FALLBACK_DELAY_MS)))
     requeue(generation, message)
   })

@@ -85,6 +85,13 @@ export interface RetryOptions {
   readonly declareDelayQueue: DeclareDelayQueue
 }
 
+/**
+ * What became of a retry copy: `copied` (the broker confirmed it: the original may be acked),
+ * `gone` (the channel was lost: the broker redelivers the unacked original), `requeue` (no copy
+ * could be made: give the original back to the queue).
+ */
+export type CopyResult = "copied" | "gone" | "requeue"
+
 /** Copies the message to the delay queue, waits for the broker's confirm, then acks the original. */
 export const retry = (
   options: RetryOptions,
@@ -93,6 +100,27 @@ export const retry = (
   attempt: number,
   decision: Extract<DeliveryDecision, { _tag: "Retry" }>,
 ): Effect.Effect<void> =>
+  Effect.map(retryCopy(options, generation, message, attempt, decision), (result) =>
+    settleOriginal(generation, message, result),
+  )
+
+/** Settles the original after its copies: acked once every copy is confirmed. */
+export const settleOriginal = (generation: Generation, message: ConsumeMessage, result: CopyResult): void => {
+  if (result === "copied") ack(generation, message)
+  else if (result === "requeue") requeue(generation, message)
+}
+
+/**
+ * Sends a copy of `message` with the next attempt number to its attempt's delay queue (or, when
+ * none can take it, back to the consumer queue after an in-memory delay); leaves the original alone.
+ */
+export const retryCopy = (
+  options: RetryOptions,
+  generation: Generation,
+  message: ConsumeMessage,
+  attempt: number,
+  decision: Extract<DeliveryDecision, { _tag: "Retry" }>,
+): Effect.Effect<CopyResult> =>
   Effect.gen(function* () {
     const { delayMs } = decision
     const nextAttempt = decision.spendsAttempt === false ? attempt : attempt + 1
@@ -106,9 +134,9 @@ export const retry = (
         break
       }
       const outcome = yield* publishCopy(generation, delayQueue, message, nextAttempt, delay)
-      if (outcome._tag === "Confirmed") return ack(generation, message)
+      if (outcome._tag === "Confirmed") return "copied"
       // The channel is gone, so is the unacked original: the broker redelivers it.
-      if (outcome._tag === "Interrupted") return
+      if (outcome._tag === "Interrupted") return "gone"
       problem = `${outcome._tag}: ${outcome.error}`
       // Returned: the delay queue vanished since we declared it; declare it again once.
       if (outcome._tag !== "Returned") break
@@ -116,7 +144,7 @@ export const retry = (
     yield* Effect.logWarning(
       `txbox amqp: could not schedule a retry through ${delayQueue} (${problem}); sending it back to ${options.queue} after an in-memory delay`,
     )
-    yield* fallback(options.queue, generation, message, nextAttempt, delay)
+    return yield* fallback(options.queue, generation, message, nextAttempt, delay)
   })
 
 /** Sends the message back to the consumer queue after an in-memory delay; requeues it as a last resort. */
@@ -126,14 +154,14 @@ const fallback = (
   message: ConsumeMessage,
   nextAttempt: number,
   delay: number,
-): Effect.Effect<void> =>
+): Effect.Effect<CopyResult> =>
   Effect.gen(function* () {
     yield* Effect.sleep(Duration.millis(Math.min(delay, FALLBACK_DELAY_MS)))
     // A copy with the next attempt number, so the attempt is counted as through a delay queue.
     const outcome = yield* publishCopy(generation, queue, message, nextAttempt, undefined)
-    if (outcome._tag === "Confirmed") return ack(generation, message)
-    if (outcome._tag === "Interrupted") return
+    if (outcome._tag === "Confirmed") return "copied"
+    if (outcome._tag === "Interrupted") return "gone"
     // Last resort: the broker requeues it and counts a delivery; past the limit it goes to the
     // dead queue, which the inbox records.
-    requeue(generation, message)
+    return "requeue"
   })

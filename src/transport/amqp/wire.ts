@@ -168,14 +168,36 @@ export const decodeDelivery = (message: Message): Delivery => {
     body = structured.body
     bodyBytes = structured.bodyBytes
   }
+  return deliveryFrom(
+    raw,
+    optionalString(properties.messageId),
+    optionalString(properties.type),
+    body,
+    bodyBytes,
+    message.fields?.redelivered === true,
+  )
+}
+
+/**
+ * A `Delivery` from a message's (or a batched event's) application properties `raw`, its
+ * `messageId` and `type` properties when it has them, and its body.
+ */
+export const deliveryFrom = (
+  raw: MessagePropertyHeaders,
+  messageId: string | undefined,
+  type: string | undefined,
+  body: string,
+  bodyBytes: Uint8Array | undefined,
+  redelivered: boolean,
+): Delivery => {
   const headers: Record<string, string> = {}
   for (const key of Object.keys(raw)) headers[key] = headerString(raw[key])
   const version = finiteNumber(raw[Headers.version]) ?? finiteNumber(attribute(raw, "txboxversion"))
   const attempt = finiteNumber(raw[Headers.attempt])
   const position = positionOf(raw[Headers.partitionEpoch], raw[Headers.partitionSeq])
   return {
-    messageId: optionalString(properties.messageId) ?? optionalString(attribute(raw, "id")),
-    type: optionalString(properties.type) ?? optionalString(attribute(raw, "type")),
+    messageId: messageId ?? optionalString(attribute(raw, "id")),
+    type: type ?? optionalString(attribute(raw, "type")),
     version,
     body,
     ...(bodyBytes === undefined ? {} : { bodyBytes }),
@@ -184,7 +206,7 @@ export const decodeDelivery = (message: Message): Delivery => {
     ...(position === undefined ? {} : { position }),
     tenantId: optionalString(raw[Headers.tenantId]),
     attempt: attempt !== undefined && Number.isInteger(attempt) && attempt >= 1 ? attempt : 1,
-    redelivered: message.fields?.redelivered === true,
+    redelivered,
   }
 }
 

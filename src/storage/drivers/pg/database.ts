@@ -86,5 +86,6 @@ export const open = (
       listen: v.listen ? listen : noListen,
       // node-postgres clients report an aborted COMMIT (refuseAbortedCommit).
       commitRefusesAborted: true,
+      holdsClaims: v.holdClaims ?? true,
     } satisfies DatabaseShape
   })

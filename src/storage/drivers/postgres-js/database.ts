@@ -113,5 +113,8 @@ export const open = (
       listen: v.listen ? listen : noListen,
       // postgres.js does not report an aborted COMMIT: txbox probes the transaction before COMMIT.
       commitRefusesAborted: false,
+      // Off unless asked for: a backend that dies inside a transaction is postgres.js's worst
+      // failure (docs/drivers-under-faults.md), and a held claim is a transaction across a publish.
+      holdsClaims: v.holdClaims === true,
     } satisfies DatabaseShape
   })

@@ -30,6 +30,15 @@ export interface PostgresConnectionConfig {
   readonly listenUrl?: string | Redacted.Redacted<string>
   /** Seconds to wait for a connection. @default 10 */
   readonly connectTimeoutSeconds?: number
+  /**
+   * The relay holds each claim in a transaction, from the claim to the mark that commits its rows
+   * sent (one row write per message), instead of writing a lease on every row and writing it again
+   * when marking (two). The relay's `lease` becomes the transaction's
+   * `idle_in_transaction_session_timeout`: a relay that hangs longer is cut off and its rows
+   * handed back; one that dies hands them back at once. Each relay worker holds a pooled
+   * connection while it publishes. @default true on node-postgres, false on postgres.js
+   */
+  readonly holdClaims?: boolean
 }
 
 /** Validated settings, the URL in clear for the driver. */
@@ -41,6 +50,8 @@ export interface ValidConnection {
   readonly poolSize: number
   readonly timeout: number
   readonly listen: boolean
+  /** Unset: the driver's default. */
+  readonly holdClaims: boolean | undefined
 }
 
 /** Throws `ConfigError` on a bad setting (run it under `validateConfig`). */
@@ -58,6 +69,7 @@ export const validateConnection = (config: PostgresConnectionConfig): ValidConne
     poolSize,
     timeout: config.connectTimeoutSeconds ?? 10,
     listen: config.listen !== false,
+    holdClaims: config.holdClaims,
   }
 }
 

@@ -1,0 +1,210 @@
+// Held claims (the node-postgres store's default, `holdClaims`): the relay's claim locks its rows in
+// a transaction and the mark commits them sent in the same one: one row write per message. What
+// must still hold, on a real PostgreSQL, read from the table: other claims skip held rows; a relay
+// whose connection dies, or that stays silent past its lease, hands its rows back; a release hands
+// them back at once; a claim that found nothing leaves no transaction open.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test"
+import { Effect, Layer, ManagedRuntime } from "effect"
+import { sql } from "kysely"
+import { uuidv7 } from "../../src/core/uuid.ts"
+import { OutboxStore } from "../../src/ports/OutboxStore.ts"
+import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
+import * as PostgresJsStore from "../../src/storage/drivers/postgres-js/PostgresJsStore.ts"
+import { type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
+
+let t: MigratedDatabase
+beforeAll(async () => {
+  t = await migratedDatabase("held_claims")
+})
+afterAll(async () => {
+  await t.close()
+})
+
+const seed = async (n: number): Promise<string[]> => {
+  const ids = Array.from({ length: n }, () => uuidv7())
+  for (const id of ids)
+    await sql`INSERT INTO txbox.outbox (id, type, version, payload, visible_at)
+      VALUES (${id}::uuid, 'test.event', 1, '{}'::jsonb, now() - interval '1 second')`.execute(t.db)
+  return ids
+}
+
+const rowsOf = async (ids: ReadonlyArray<string>) =>
+  (
+    await sql<{
+      id: string
+      status: string
+      lock_token: string | null
+      attempts: number
+      visible_at: Date
+    }>`SELECT id::text, status, lock_token::text, attempts, visible_at FROM txbox.outbox
+       WHERE id = ANY(${ids}::uuid[]) ORDER BY id`.execute(t.db)
+  ).rows
+
+const idleInTransaction = async () =>
+  Number(
+    (
+      await sql<{ n: string }>`SELECT count(*) AS n FROM pg_stat_activity
+        WHERE datname = current_database() AND state LIKE 'idle in transaction%'`.execute(t.db)
+    ).rows[0]!.n,
+  )
+
+const stores = {
+  pg: (url: string) => PgStore.layer({ url, listen: false }),
+  "postgres.js": (url: string) => PostgresJsStore.layer({ url, listen: false, holdClaims: true }),
+} as const
+
+for (const [driver, layerOf] of Object.entries(stores)) {
+  describe(`held claims (${driver})`, () => {
+    const open = () => ManagedRuntime.make(Layer.orDie(layerOf(t.url)))
+    const claimOn = (runtime: ReturnType<typeof open>, limit: number, leaseMs = 30_000) =>
+      runtime.runPromise(OutboxStore.use((s) => s.claim(limit, leaseMs)))
+
+    test("a claim writes nothing, other claims skip its rows, and the mark commits them sent", async () => {
+      const a = open()
+      const b = open()
+      try {
+        const ids = await seed(3)
+        const before = await rowsOf(ids)
+        const claim = await claimOn(a, 100)
+        const mine = claim.rows.map((r) => r.id).filter((id) => ids.includes(id))
+        expect(mine.sort()).toEqual([...ids].sort())
+        // Nothing written: no token, no lease on the rows.
+        expect(await rowsOf(ids)).toEqual(before)
+        // Another relay's claim skips them.
+        const other = await claimOn(b, 100)
+        expect(other.rows.filter((r) => ids.includes(r.id))).toHaveLength(0)
+        const updated = await a.runPromise(
+          OutboxStore.use((s) =>
+            s.mark(
+              claim.token,
+              claim.rows.map((r) => ({ id: r.id, verdict: { _tag: "Done" } as const })),
+            ),
+          ),
+        )
+        expect(updated).toBe(claim.rows.length)
+        expect((await rowsOf(ids)).map((r) => r.status)).toEqual(["sent", "sent", "sent"])
+        expect(await idleInTransaction()).toBe(0)
+      } finally {
+        await a.dispose()
+        await b.dispose()
+      }
+    })
+
+    test("per-row verdicts: a retry comes due after its delay with an attempt spent, a dead row is dead", async () => {
+      const a = open()
+      try {
+        const ids = await seed(3)
+        const claim = await claimOn(a, 100)
+        const verdicts = {
+          [ids[0]!]: { _tag: "Done" } as const,
+          [ids[1]!]: { _tag: "Retry", delayMs: 60_000, spendsAttempt: true, error: "nacked" } as const,
+          [ids[2]!]: { _tag: "Dead", error: "too large" } as const,
+        }
+        await a.runPromise(
+          OutboxStore.use((s) =>
+            s.mark(
+              claim.token,
+              claim.rows
+                .filter((r) => ids.includes(r.id))
+                .map((r) => ({ id: r.id, verdict: verdicts[r.id]! })),
+            ),
+          ),
+        )
+        const rows = await rowsOf(ids)
+        expect(rows.map((r) => [r.status, r.attempts])).toEqual([
+          ["sent", 0],
+          ["pending", 1],
+          ["dead", 1],
+        ])
+        expect(rows[1]!.visible_at.getTime()).toBeGreaterThan(Date.now() + 30_000)
+      } finally {
+        await a.dispose()
+      }
+    })
+
+    test("release hands the rows back at once; a claim that found nothing leaves no transaction open", async () => {
+      const a = open()
+      const b = open()
+      try {
+        const ids = await seed(2)
+        const claim = await claimOn(a, 100)
+        expect(claim.rows.length).toBeGreaterThanOrEqual(2)
+        await a.runPromise(OutboxStore.use((s) => s.release(claim.token)))
+        const again = await claimOn(b, 100)
+        expect(
+          again.rows
+            .map((r) => r.id)
+            .filter((id) => ids.includes(id))
+            .sort(),
+        ).toEqual([...ids].sort())
+        await b.runPromise(OutboxStore.use((s) => s.release(again.token)))
+        await sql`UPDATE txbox.outbox SET status = 'sent' WHERE status = 'pending'`.execute(t.db)
+        const empty = await claimOn(a, 100)
+        expect(empty.rows).toHaveLength(0)
+        expect(await idleInTransaction()).toBe(0)
+      } finally {
+        await a.dispose()
+        await b.dispose()
+      }
+    })
+
+    test("a relay whose connection dies hands its rows back at once; its mark fails and records nothing", async () => {
+      const a = open()
+      const b = open()
+      try {
+        const ids = await seed(2)
+        const claim = await claimOn(a, 100)
+        // The held transaction's backend, killed as a crashed relay's would be.
+        await sql`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND state LIKE 'idle in transaction%'`.execute(t.db)
+        const taken = await claimOn(b, 100)
+        expect(
+          taken.rows
+            .map((r) => r.id)
+            .filter((id) => ids.includes(id))
+            .sort(),
+        ).toEqual([...ids].sort())
+        const marked = await a.runPromise(
+          Effect.flip(
+            OutboxStore.use((s) =>
+              s.mark(
+                claim.token,
+                claim.rows.map((r) => ({ id: r.id, verdict: { _tag: "Done" } as const })),
+              ),
+            ),
+          ),
+        )
+        expect(marked._tag).toBe("StoreError")
+        expect((await rowsOf(ids)).map((r) => r.status)).toEqual(["pending", "pending"])
+        await b.runPromise(OutboxStore.use((s) => s.release(taken.token)))
+      } finally {
+        await a.dispose()
+        await b.dispose()
+      }
+    })
+
+    test("a relay silent past its lease is cut off by the server and its rows come back; extend keeps them", async () => {
+      const a = open()
+      const b = open()
+      try {
+        await sql`UPDATE txbox.outbox SET status = 'sent' WHERE status = 'pending'`.execute(t.db)
+        const ids = await seed(2)
+        const kept = await claimOn(a, 100, 1000)
+        // Extended (a statement in the transaction) every 300 ms for 1.5 s: still held.
+        for (let i = 0; i < 5; i++) {
+          await Bun.sleep(300)
+          await a.runPromise(OutboxStore.use((s) => s.extend(kept.token, 1000)))
+        }
+        expect((await claimOn(b, 100)).rows).toHaveLength(0)
+        // Silent past the lease: the server ends the session and the rows are free.
+        await Bun.sleep(1600)
+        const taken = await claimOn(b, 100)
+        expect(taken.rows.map((r) => r.id).sort()).toEqual([...ids].sort())
+        await b.runPromise(OutboxStore.use((s) => s.release(taken.token)))
+      } finally {
+        await a.dispose()
+        await b.dispose()
+      }
+    })
+  })
+}
