@@ -1,12 +1,12 @@
 /**
- * Collects concurrent submissions into one call. With no limit, the items
- * submitted in the same tick share a flush (the store-then-process INSERT).
- * With `concurrency`, at most that many flushes run at once, what waits is
- * spread over the free ones, and everything submitted while they are all
- * busy waits for the next (up to `maxSize` items each): under light load
+ * Collects concurrent submissions into one call. The items submitted in the
+ * same tick share a flush (the store-then-process INSERT; the events of one
+ * batch message in one inbox transaction), up to `maxSize` items each. With
+ * `concurrency`, at most that many flushes run at once, and everything
+ * submitted while they are all busy waits for the next: under light load
  * each item is flushed alone at once, under load the batches grow by
- * themselves. The flush answers per item, so
- * one item the database refuses does not fail the others.
+ * themselves. The flush answers per item, so one item the database refuses
+ * does not fail the others.
  */
 import { Effect } from "effect"
 
@@ -72,10 +72,9 @@ export const makeBatcher = <I, O, E>(
     queueMicrotask(() => {
       scheduled = false
       while (running < concurrency && queue.length > 0) {
-        // With a limit, what waits is spread over the free flushes: items share one only when
-        // there are more of them than free flushes.
-        const free = concurrency - running
-        const size = Math.min(maxSize, Number.isFinite(free) ? Math.ceil(queue.length / free) : queue.length)
+        // What waits goes together, not spread over the free flushes: a flush's cost is mostly
+        // per flush (a transaction's BEGIN and COMMIT are round trips), not per item.
+        const size = Math.min(maxSize, queue.length)
         start(queue.slice(0, size))
         queue = queue.slice(size)
       }

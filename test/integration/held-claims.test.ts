@@ -48,6 +48,9 @@ const idleInTransaction = async () =>
     ).rows[0]!.n,
   )
 
+/** An error text with what a literal must escape. */
+const ODD = `nacked: it's a \\ back'slash, "quoted", \n and ünïcode`
+
 const stores = {
   pg: (url: string) => PgStore.layer({ url, listen: false }),
   "postgres.js": (url: string) => PostgresJsStore.layer({ url, listen: false, holdClaims: true }),
@@ -97,7 +100,7 @@ for (const [driver, layerOf] of Object.entries(stores)) {
         const claim = await claimOn(a, 100)
         const verdicts = {
           [ids[0]!]: { _tag: "Done" } as const,
-          [ids[1]!]: { _tag: "Retry", delayMs: 60_000, spendsAttempt: true, error: "nacked" } as const,
+          [ids[1]!]: { _tag: "Retry", delayMs: 60_000, spendsAttempt: true, error: ODD } as const,
           [ids[2]!]: { _tag: "Dead", error: "too large" } as const,
         }
         await a.runPromise(
@@ -117,6 +120,10 @@ for (const [driver, layerOf] of Object.entries(stores)) {
           ["dead", 1],
         ])
         expect(rows[1]!.visible_at.getTime()).toBeGreaterThan(Date.now() + 30_000)
+        // Written into the statement as a literal (pg sessions): quotes and backslashes as they were.
+        const errors = await sql<{ last_error: string | null }>`SELECT last_error FROM txbox.outbox
+          WHERE id = ${ids[1]!}::uuid`.execute(t.db)
+        expect(errors.rows[0]!.last_error).toBe(ODD)
       } finally {
         await a.dispose()
       }

@@ -416,7 +416,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
   }
 
   // Claims held in a transaction (`Database.holdsClaims`; heldClaims.ts).
-  const held = makeHeldClaims(db, q, markVerdicts)
+  const held = makeHeldClaims(db, database.session, { ...q, verdictsOf: markVerdicts })
   // Closing the store hands back what is still held: a pool does not close while a client is out.
   yield* Effect.addFinalizer(() => Effect.promise(held.releaseAll))
 

@@ -7,53 +7,164 @@
  * back at once; one that stays silent longer than its lease between two
  * statements is cut off by `idle_in_transaction_session_timeout`, set by the
  * claim; `extend` runs a statement in the transaction to restart that clock.
+ *
+ * On a store with sessions (`Database.session`, node-postgres) `BEGIN` goes
+ * with the claim and `COMMIT` with the mark, each pair in one round trip:
+ * two a batch, as many as a lease's claim and mark. Elsewhere, Kysely's
+ * controlled transaction: four.
  */
 import { CompiledQuery, type ControlledTransaction, type Kysely } from "kysely"
+import type { DatabaseSession } from "../../ports/Database.ts"
 import type { OutboxMark } from "../../ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
 import { affected } from "./fragments.ts"
-import type { ClaimedRow, OutboxStatements } from "./SqlOutboxStore.ts"
 
-interface Held {
-  readonly trx: ControlledTransaction<TxboxDatabase>
-  readonly rows: ReadonlyArray<ClaimedRow>
+/** The statements a held claim runs (SqlOutboxStore.ts's), and how it writes verdicts out. */
+export interface HeldStatements<Row> {
+  readonly claimHeld: (params: { readonly limit: number; readonly idleMs: string }) => CompiledQuery<Row>
+  readonly markHeld: (params: { readonly verdicts: string }) => CompiledQuery
+  readonly markHeldSent: (params: { readonly ids: string }) => CompiledQuery
+  readonly verdictsOf: (marks: ReadonlyArray<OutboxMark>) => string
 }
+
+/** One open held claim's transaction. */
+interface Tx {
+  /** Runs `statement`, then commits; its row count. Rejects (and the rows stay pending) when either fails. */
+  readonly finish: (statement: CompiledQuery) => Promise<number>
+  /** A statement in the transaction, which restarts its idle clock. */
+  readonly touch: () => Promise<void>
+  /** Hands the rows back; never rejects. */
+  readonly rollback: () => Promise<void>
+}
+
+/** Opens a transaction, runs `claim` in it; with no rows, the transaction is over already. */
+type Begin = <Row>(
+  claim: CompiledQuery<Row>,
+) => Promise<{ readonly rows: ReadonlyArray<Row>; readonly tx?: Tx }>
+
+/**
+ * A statement's text with its parameters written in as literals, for the simple query protocol
+ * (which carries none). Only what txbox's held-claim statements bind: integers and text. Text goes
+ * as an escape string (`E'…'`, backslashes and quotes doubled), read the same whatever
+ * `standard_conforming_strings` says.
+ */
+export const inlined = (statement: CompiledQuery): string =>
+  statement.sql.replace(/\$(\d+)/g, (_, n: string) => {
+    const value = statement.parameters[Number(n) - 1]
+    if (typeof value === "number" && Number.isSafeInteger(value)) return String(value)
+    if (typeof value === "string") {
+      if (value.includes("\0")) throw new Error("a NUL byte cannot be written into a statement")
+      return `E'${value.replaceAll("\\", "\\\\").replaceAll("'", "''")}'`
+    }
+    throw new Error(`cannot write parameter $${n} (${typeof value}) into a statement`)
+  })
 
 const SELECT_1 = CompiledQuery.raw("SELECT 1")
 
-export const makeHeldClaims = (
+/** Through sessions: BEGIN with the claim, COMMIT with the mark, one round trip each. */
+const sessionBegin =
+  (open: () => Promise<DatabaseSession>): Begin =>
+  async <Row>(claim: CompiledQuery<Row>) => {
+    const session = await open()
+    let done = false
+    const end = (broken?: Error) => {
+      if (done) return
+      done = true
+      session.release(broken)
+    }
+    const rollback = () =>
+      session.script("ROLLBACK").then(
+        () => end(),
+        (error: Error) => end(error),
+      )
+    try {
+      const answers = await session.script(`BEGIN;${inlined(claim)}`)
+      const rows = (answers[1]?.rows ?? []) as ReadonlyArray<Row>
+      if (rows.length === 0) {
+        await rollback()
+        return { rows }
+      }
+      const tx: Tx = {
+        finish: async (statement) => {
+          try {
+            const answers = await session.script(`${inlined(statement)};COMMIT`)
+            end()
+            return answers[0]?.rowCount ?? 0
+          } catch (error) {
+            // The transaction is aborted and still open on the connection: close the connection.
+            end(error instanceof Error ? error : new Error(String(error)))
+            throw error
+          }
+        },
+        touch: () => session.script("SELECT 1").then(() => undefined),
+        rollback,
+      }
+      return { rows, tx }
+    } catch (error) {
+      end(error instanceof Error ? error : new Error(String(error)))
+      throw error
+    }
+  }
+
+/** Through Kysely's controlled transaction: BEGIN, the claim, the mark and COMMIT, each alone. */
+const kyselyBegin =
+  (db: Kysely<TxboxDatabase>): Begin =>
+  async <Row>(claim: CompiledQuery<Row>) => {
+    const trx: ControlledTransaction<TxboxDatabase> = await db.startTransaction().execute()
+    const rollback = () =>
+      trx
+        .rollback()
+        .execute()
+        .catch(() => undefined)
+    try {
+      const { rows } = await trx.executeQuery(claim)
+      if (rows.length === 0) {
+        await trx.commit().execute()
+        return { rows }
+      }
+      const tx: Tx = {
+        finish: async (statement) => {
+          try {
+            const updated = affected(await trx.executeQuery(statement))
+            await trx.commit().execute()
+            return updated
+          } catch (error) {
+            await rollback()
+            throw error
+          }
+        },
+        touch: () => trx.executeQuery(SELECT_1).then(() => undefined),
+        rollback,
+      }
+      return { rows, tx }
+    } catch (error) {
+      await rollback()
+      throw error
+    }
+  }
+
+export const makeHeldClaims = <Row extends { readonly id: string }>(
   db: Kysely<TxboxDatabase>,
-  q: OutboxStatements,
-  verdictsOf: (marks: ReadonlyArray<OutboxMark>) => string,
+  session: (() => Promise<DatabaseSession>) | undefined,
+  q: HeldStatements<Row>,
 ) => {
-  const held = new Map<string, Held>()
+  const begin = session === undefined ? kyselyBegin(db) : sessionBegin(session)
+  const held = new Map<string, { readonly tx: Tx; readonly rows: ReadonlyArray<Row> }>()
   const idsOf = (rows: ReadonlyArray<{ readonly id: string }>) => JSON.stringify(rows.map((row) => row.id))
-  const rollback = (trx: ControlledTransaction<TxboxDatabase>) =>
-    trx
-      .rollback()
-      .execute()
-      .catch(() => undefined)
 
   /** Hands a held claim's rows back (its transaction rolled back); undefined: `token` holds none. */
   const release = (token: string): Promise<number> | undefined => {
     const claim = held.get(token)
     if (claim === undefined) return undefined
     held.delete(token)
-    return rollback(claim.trx).then(() => claim.rows.length)
+    return claim.tx.rollback().then(() => claim.rows.length)
   }
 
   /** Up to `limit` due rows, held for `token` until its mark or release; none: nothing left open. */
-  const claim = async (token: string, limit: number, leaseMs: number): Promise<ReadonlyArray<ClaimedRow>> => {
-    const trx = await db.startTransaction().execute()
-    try {
-      const { rows } = await trx.executeQuery(q.claimHeld({ limit, idleMs: `${Math.ceil(leaseMs)}ms` }))
-      if (rows.length === 0) await trx.commit().execute()
-      else held.set(token, { trx, rows })
-      return rows
-    } catch (error) {
-      await rollback(trx)
-      throw error
-    }
+  const claim = async (token: string, limit: number, leaseMs: number): Promise<ReadonlyArray<Row>> => {
+    const { rows, tx } = await begin(q.claimHeld({ limit, idleMs: `${Math.ceil(leaseMs)}ms` }))
+    if (tx !== undefined) held.set(token, { tx, rows })
+    return rows
   }
 
   /**
@@ -64,28 +175,18 @@ export const makeHeldClaims = (
     const claim = held.get(token)
     if (claim === undefined) return undefined
     held.delete(token)
-    if (marks.length === 0) return rollback(claim.trx).then(() => 0)
-    return (async () => {
-      try {
-        const allSent = marks.length === claim.rows.length && marks.every((m) => m.verdict._tag === "Done")
-        const statement = allSent
-          ? q.markHeldSent({ ids: idsOf(claim.rows) })
-          : q.markHeld({ verdicts: verdictsOf(marks) })
-        const updated = affected(await claim.trx.executeQuery(statement))
-        await claim.trx.commit().execute()
-        return updated
-      } catch (error) {
-        await rollback(claim.trx)
-        throw error
-      }
-    })()
+    if (marks.length === 0) return claim.tx.rollback().then(() => 0)
+    const allSent = marks.length === claim.rows.length && marks.every((m) => m.verdict._tag === "Done")
+    return claim.tx.finish(
+      allSent ? q.markHeldSent({ ids: idsOf(claim.rows) }) : q.markHeld({ verdicts: q.verdictsOf(marks) }),
+    )
   }
 
   /** Restarts the held transaction's idle clock; undefined: `token` holds no claim here. */
   const extend = (token: string): Promise<number> | undefined => {
     const claim = held.get(token)
     if (claim === undefined) return undefined
-    return claim.trx.executeQuery(SELECT_1).then(() => claim.rows.length)
+    return claim.tx.touch().then(() => claim.rows.length)
   }
 
   /** Hands back every claim still held (the store is closing: a pool waits for its clients). */

@@ -87,5 +87,18 @@ export const open = (
       // node-postgres clients report an aborted COMMIT (refuseAbortedCommit).
       commitRefusesAborted: true,
       holdsClaims: v.holdClaims ?? true,
+      session: async () => {
+        const client = await pool.connect()
+        return {
+          script: async (text) => {
+            const answer = (await client.query(text)) as unknown as pg.QueryResult | pg.QueryResult[]
+            return (Array.isArray(answer) ? answer : [answer]).map((r) => ({
+              rows: r.rows ?? [],
+              rowCount: r.rowCount ?? 0,
+            }))
+          },
+          release: (broken) => client.release(broken),
+        }
+      },
     } satisfies DatabaseShape
   })
