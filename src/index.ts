@@ -41,7 +41,7 @@ export * as Inbox from "./Inbox.ts"
 export * as Metrics from "./Metrics.ts"
 /** The producer side: enqueue events in the caller's own transaction. */
 export * as Outbox from "./Outbox.ts"
-export { Database, type DatabaseShape, TxboxSchema } from "./ports/Database.ts"
+export { Database, type DatabaseSession, type DatabaseShape, TxboxSchema } from "./ports/Database.ts"
 export {
   type InboxMark,
   type InboxRow,
