@@ -265,7 +265,7 @@ main(() =>
             await Promise.all(Array.from({ length: callers }, caller))
             const cpu = meter.use(before, meter.sample())
             const sent = batches * config.batchSize
-            if ((await sink.depth()) !== sent) throw new Error("publish: messages missing")
+            if ((await sink.events()) !== sent) throw new Error("publish: messages missing")
             lines.push({
               key: `${queue}.txboxPublish.callers${callers}`,
               what: `txbox publish only, ${callers} concurrent batch(es) of ${config.batchSize}`,

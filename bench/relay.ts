@@ -81,7 +81,8 @@ main(() =>
             phases: true,
           })
           // Count what arrived, from the broker and the table, not from the relay's own stats.
-          const [depth, status] = await Promise.all([sink.depth(), outboxStatus(bench.db)])
+          // Events, not messages: the relay sends a batch's events of one routing key as one message.
+          const [depth, status] = await Promise.all([sink.events(), outboxStatus(bench.db)])
           if (status.sent !== backlog || depth !== backlog) {
             throw new Error(
               `cell ${queue}/${batchSize}/${workers}: ${status.sent} rows sent, ${depth} in the queue, expected ${backlog}`,

@@ -68,7 +68,7 @@ main(() =>
           const cpu = meter.use(before, meter.sample(pids))
           const perProcess = relays.map((r) => r.latest()?.published ?? 0)
           await Promise.all(relays.map((r) => r.stop()))
-          const [status, depth] = await Promise.all([outboxStatus(bench.db), sink.depth()])
+          const [status, depth] = await Promise.all([outboxStatus(bench.db), sink.events()])
           if (status.sent !== config.backlog) throw new Error(`${status.sent} rows sent of ${config.backlog}`)
           runs.push({
             processes,

@@ -305,6 +305,7 @@ export const make = (
       // recorded as soon as the queue is bound, not at the first ordered delivery, which may come
       // much later. A database away now leaves it to that first delivery.
       Effect.ignore(bindings),
+      c.mode === "idempotent" ? consumer.idempotentMany : undefined,
     )
 
     // The processor runs in both modes: in store-then-process it does all the

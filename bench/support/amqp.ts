@@ -5,6 +5,7 @@ import { randomBytes } from "node:crypto"
 import amqp, { type ConfirmChannel, type Options } from "amqplib"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import type { OutgoingMessage } from "../../src/ports/Transport.ts"
+import { BATCH_CONTENT_TYPE } from "../../src/transport/amqp/batch.ts"
 import { encodeMessage } from "../../src/transport/amqp/wire.ts"
 import { BENCH_TYPE } from "./db.ts"
 import { makeBody } from "./payload.ts"
@@ -41,8 +42,10 @@ export const encodeBench = (serial: number, body = makeBody(serial)): Encoded =>
 export interface Sink {
   readonly exchange: string
   readonly queue: string
-  /** Messages ready in the queue now. */
+  /** Messages ready in the queue now (a batch message counts once). */
   depth(): Promise<number>
+  /** Events in the queue: takes every message off it, counting a batch message's events. */
+  events(): Promise<number>
   /** Deletes the queue (its messages with it) and the exchange. */
   close(): Promise<void>
 }
@@ -64,6 +67,17 @@ export const declareSink = async (url: string, queueType: QueueType, prefix = "b
     exchange,
     queue,
     depth: async () => (await channel.checkQueue(queue)).messageCount,
+    events: async () => {
+      let events = 0
+      for (let message = await channel.get(queue, { noAck: true }); message !== false; ) {
+        events +=
+          message.properties.contentType === BATCH_CONTENT_TYPE
+            ? (JSON.parse(message.content.toString("utf8")) as unknown[]).length
+            : 1
+        message = await channel.get(queue, { noAck: true })
+      }
+      return events
+    },
     close: async () => {
       await channel.deleteQueue(queue).catch(() => {})
       await channel.deleteExchange(exchange).catch(() => {})

@@ -8,7 +8,7 @@
  * themselves. The flush answers per item, so one item the database refuses
  * does not fail the others.
  */
-import { Effect } from "effect"
+import { Effect, Exit } from "effect"
 
 export type ItemResult<O, E> =
   | { readonly ok: true; readonly value: O }
@@ -16,6 +16,11 @@ export type ItemResult<O, E> =
 
 export interface Batcher<I, O, E> {
   readonly submit: (item: I) => Effect.Effect<O, E>
+  /**
+   * Several items at once, sure to share flushes (up to `maxSize` each): what each came to, in
+   * order. No fiber per item: the items of one batch message, handled together.
+   */
+  readonly submitAll: (items: ReadonlyArray<I>) => Effect.Effect<ReadonlyArray<Exit.Exit<O, E>>>
 }
 
 export interface BatcherOptions {
@@ -29,7 +34,7 @@ interface Waiting<I, O, E> {
   readonly item: I
   // biome-ignore lint/suspicious/noExplicitAny: the submitter's context, whatever it holds
   readonly context: any
-  readonly resume: (result: Effect.Effect<O, E>) => void
+  readonly resume: (result: Exit.Exit<O, E>) => void
 }
 
 export const makeBatcher = <I, O, E>(
@@ -53,12 +58,12 @@ export const makeBatcher = <I, O, E>(
         const r = exit._tag === "Success" ? exit.value[i] : undefined
         w.resume(
           exit._tag === "Failure"
-            ? Effect.failCause(exit.cause)
+            ? Exit.failCause(exit.cause)
             : r === undefined
-              ? Effect.die(new Error("batcher: no result for an item"))
+              ? Exit.die(new Error("batcher: no result for an item"))
               : r.ok
-                ? Effect.succeed(r.value)
-                : Effect.fail(r.error),
+                ? Exit.succeed(r.value)
+                : Exit.fail(r.error),
         )
       })
       pump()
@@ -94,5 +99,30 @@ export const makeBatcher = <I, O, E>(
         })
       }),
     )
-  return { submit }
+  const submitAll = (items: ReadonlyArray<I>): Effect.Effect<ReadonlyArray<Exit.Exit<O, E>>> =>
+    Effect.flatMap(Effect.context<never>(), (context) =>
+      Effect.callback<ReadonlyArray<Exit.Exit<O, E>>>((resume) => {
+        const exits = new Array<Exit.Exit<O, E>>(items.length)
+        let left = items.length
+        if (left === 0) return resume(Effect.succeed(exits))
+        const waiting = items.map(
+          (item, i): Waiting<I, O, E> => ({
+            item,
+            context,
+            resume: (exit) => {
+              exits[i] = exit
+              if (--left === 0) resume(Effect.succeed(exits))
+            },
+          }),
+        )
+        queue.push(...waiting)
+        pump()
+        // As for submit: what has not started never runs; what started runs to its end.
+        return Effect.sync(() => {
+          const mine = new Set(waiting)
+          queue = queue.filter((w) => !mine.has(w))
+        })
+      }),
+    )
+  return { submit, submitAll }
 }

@@ -14,7 +14,7 @@
  * spends an attempt; a database outage does not; what can never be handled
  * is recorded dead at once.
  */
-import { Effect, Metric } from "effect"
+import { Cause, Effect, Exit, Metric } from "effect"
 import type { Registry } from "../Contract.ts"
 import { StoreError } from "../Errors.ts"
 import * as Metrics from "../Metrics.ts"
@@ -381,11 +381,109 @@ const makeIdempotent = (
     )
   }
 
-  return idempotent
+  return { idempotent, handleDecoded, handled, handleBatcher }
+}
+
+type Idempotent = ReturnType<typeof makeIdempotent>
+
+/** Idempotent, for the deliveries of one batch message at once. */
+const makeIdempotentMany = (p: InboxParts, o: Outcomes, i: Idempotent) => {
+  const { afterFailure, outageDecision } = o
+  const { idempotent, handleDecoded, handled, handleBatcher } = i
+  /** A batcher's answer for one item, as handleDecoded reads it. */
+  const settle = (
+    delivery: Delivery,
+    decoded: Ready,
+    exit: Exit.Exit<Handled, HandlerFailed | StoreError>,
+  ): Effect.Effect<DeliveryDecision> => {
+    if (Exit.isSuccess(exit)) return handled(delivery, exit.value)
+    // Interrupted (shutting down): unsettled, the broker redelivers it.
+    if (Cause.hasInterruptsOnly(exit.cause)) return Effect.failCause(exit.cause as Cause.Cause<never>)
+    const error = Cause.findErrorOption(exit.cause)
+    // A defect in the handling (a bug of ours or a driver's) is this message's failure, as in handleDecoded.
+    const failure =
+      error._tag === "Some" ? error.value : new HandlerFailed(`died: ${describe(Cause.squash(exit.cause))}`)
+    return afterFailure(decoded.row, delivery, failureOf(failure)).pipe(
+      Effect.catch((e: StoreError) => outageDecision(delivery, e)),
+    )
+  }
+
+  /**
+   * The deliveries of one batch message: decoded in turn, the handleable ones submitted to the
+   * shared transactions together (no fiber per delivery), then settled in turn. What takes the
+   * per-delivery path (dead-lettered, ordered) takes it, concurrently.
+   */
+  const idempotentMany = (
+    deliveries: ReadonlyArray<Delivery>,
+  ): Effect.Effect<ReadonlyArray<DeliveryDecision>> =>
+    Effect.suspend(() => {
+      const decisions = new Array<DeliveryDecision>(deliveries.length)
+      const together: Array<{ readonly at: number; readonly decoded: Ready }> = []
+      const alone: number[] = []
+      const decide = (at: number) => (decision: DeliveryDecision) => {
+        decisions[at] = decision
+      }
+      const decodeAll = Effect.forEach(
+        deliveries,
+        (delivery, at): Effect.Effect<void> => {
+          if (delivery.deadLettered !== undefined || positionOfDelivery(delivery) !== undefined) {
+            alone.push(at)
+            return Effect.void
+          }
+          return decodeDelivery(p.registry, p.handlers, p.consumer, delivery, delivery.attempt).pipe(
+            Effect.flatMap((decoded): Effect.Effect<void, StoreError> => {
+              if (decoded._tag !== "Ok") return Effect.map(handleDecoded(delivery, decoded), decide(at))
+              together.push({ at, decoded })
+              return Effect.void
+            }),
+            Effect.catch((error: StoreError) => Effect.map(outageDecision(delivery, error), decide(at))),
+          )
+        },
+        { discard: true },
+      )
+      const handleTogether = (): Effect.Effect<void> =>
+        together.length === 0
+          ? Effect.void
+          : Effect.flatMap(handleBatcher.submitAll(together.map((t) => t.decoded)), (exits) =>
+              Effect.forEach(
+                exits,
+                (exit, i) => {
+                  const { at, decoded } = together[i]!
+                  return Effect.map(settle(deliveries[at]!, decoded, exit), decide(at))
+                },
+                { discard: true },
+              ),
+            )
+      const handleAlone = (): Effect.Effect<void> =>
+        alone.length === 0
+          ? Effect.void
+          : Effect.forEach(alone, (at) => Effect.map(idempotent(deliveries[at]!), decide(at)), {
+              concurrency: "unbounded",
+              discard: true,
+            })
+      // Both sets at once; the per-delivery path forks only for what takes it.
+      return decodeAll.pipe(
+        Effect.andThen(
+          Effect.suspend(() =>
+            alone.length === 0
+              ? handleTogether()
+              : Effect.all([handleTogether(), handleAlone()], { concurrency: "unbounded", discard: true }),
+          ),
+        ),
+        Effect.as(decisions),
+      )
+    })
+
+  return idempotentMany
 }
 
 export const makeConsumer = (p: InboxParts) => {
   const outcomes = makeOutcomes(p)
   const storeThenProcess = makeStoreThenProcess(p, outcomes)
-  return { idempotent: makeIdempotent(p, outcomes, storeThenProcess), storeThenProcess }
+  const idempotent = makeIdempotent(p, outcomes, storeThenProcess)
+  return {
+    idempotent: idempotent.idempotent,
+    idempotentMany: makeIdempotentMany(p, outcomes, idempotent),
+    storeThenProcess,
+  }
 }

@@ -16,9 +16,10 @@ export const subscribe = (
   outage: RetryPolicy,
   /** Runs once the queue is bound, whether at once or in the background. */
   onSubscribed: Effect.Effect<void> = Effect.void,
+  handleMany?: (deliveries: ReadonlyArray<Delivery>) => Effect.Effect<ReadonlyArray<DeliveryDecision>>,
 ): Effect.Effect<void, ConfigError, Scope.Scope> =>
   Effect.gen(function* () {
-    const attempt = Effect.tap(transport.subscribe(options, handle), () => onSubscribed)
+    const attempt = Effect.tap(transport.subscribe(options, handle, handleMany), () => onSubscribed)
     const first = yield* Effect.result(attempt)
     if (first._tag === "Success") return
     if (!first.failure.retryable) {

@@ -153,6 +153,12 @@ export interface TransportShape {
   readonly subscribe: (
     options: SubscribeOptions,
     handle: (delivery: Delivery) => Effect.Effect<DeliveryDecision>,
+    /**
+     * Several deliveries that came together (the events of one batch message): one decision
+     * each, in their order. A transport that receives such groups uses it when given, else
+     * `handle` for each.
+     */
+    handleMany?: (deliveries: ReadonlyArray<Delivery>) => Effect.Effect<ReadonlyArray<DeliveryDecision>>,
   ) => Effect.Effect<void, TransportError, Scope.Scope>
   /** Whether the transport currently holds a live connection (for health checks). */
   readonly isConnected: Effect.Effect<boolean>

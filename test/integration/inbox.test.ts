@@ -13,6 +13,7 @@ import { InboxStore } from "../../src/ports/InboxStore.ts"
 import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
 import * as SqlInboxStore from "../../src/storage/sql/SqlInboxStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { encodeBatches } from "../../src/transport/amqp/batch.ts"
 import { Note } from "../fixtures/contracts.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
 import { startFixture } from "../support/processes.ts"
@@ -750,6 +751,77 @@ describe("inbox leases", () => {
       }
     } finally {
       await sql`DELETE FROM txbox.inbox WHERE consumer = ${consumer}`.execute(t.db)
+    }
+  })
+})
+
+describe("a batch message (the relay's default wire format)", () => {
+  test("each event gets its own outcome in one go: applied, retried alone, dead, duplicate; the message is acked once all are settled", async () => {
+    const exchange = uniqueName("inbox-batch")
+    const consumer = uniqueName("batched")
+    // "b" fails its first attempt: it alone comes back through the delay queue.
+    const runtime = ManagedRuntime.make(
+      Inbox.layer({
+        consumer,
+        pollInterval: "100 millis",
+        retry: { initialDelay: "100 millis", maxDelay: "300 millis", maxAttempts: 3 },
+        handlers: [
+          Inbox.handler(Note, ({ payload, envelope, trx }) =>
+            payload.note === "b" && envelope.attempt === 1
+              ? Effect.fail(new Error("b fails once"))
+              : Effect.promise(() =>
+                  sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
+                    trx,
+                  ),
+                ),
+          ),
+        ],
+      }).pipe(
+        Layer.provide(
+          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+        ),
+      ),
+    )
+    await runtime.runPromise(Effect.void)
+    const a = note("a")
+    const b = note("b")
+    const invalid = note("x", { body: JSON.stringify({ note: 42 }) })
+    const { items } = encodeBatches([a, b, invalid, a], "test", { messages: 100, bytes: 1 << 20 })
+    const item = items[0]!
+    if (item._tag !== "Encoded") throw new Error("expected one encoded batch")
+    // An event with no id, as a foreign producer might write one.
+    const events = JSON.parse(item.message.content.toString("utf8")) as unknown[]
+    events.push({ specversion: "1.0", source: "elsewhere", type: Note.type, data: { note: "anonymous" } })
+    const connection = await amqp.connect(amqpUrl())
+    try {
+      const channel = await connection.createConfirmChannel()
+      channel.publish(exchange, Note.type, Buffer.from(JSON.stringify(events)), item.message.options)
+      await channel.waitForConfirms()
+      await eventually("a and b applied", async () => (await effectsOf(consumer)).size === 2, 15_000)
+      await eventually("two dead rows", async () => (await deadRows(consumer)).length === 2, 15_000)
+      expect(await effectsOf(consumer)).toEqual(
+        new Map([
+          [a.id, 1],
+          [b.id, 1],
+        ]),
+      )
+      expect((await inboxRow(consumer, b.id))?.status).toBe("processed")
+      const dead = new Map((await deadRows(consumer)).map((r) => [r.message_id, r.last_error]))
+      expect(dead.get(invalid.id)).toStartWith("invalid payload")
+      expect([...dead.values()]).toContain("message has no message id")
+      // Settled: nothing left on the consumer queue or in flight.
+      await eventually(
+        "the batch acked",
+        async () => {
+          const queue = await channel.checkQueue(`txbox.${consumer}`)
+          return queue.messageCount === 0
+        },
+        10_000,
+      )
+      await channel.close()
+    } finally {
+      await connection.close()
+      await runtime.dispose()
     }
   })
 })

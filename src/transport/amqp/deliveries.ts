@@ -23,9 +23,15 @@ export type Handle = (delivery: Delivery) => Effect.Effect<DeliveryDecision>
 /** A handler that dies is retried after this long (it is a bug, not a transient failure). */
 const DEFECT_RETRY: DeliveryDecision = { _tag: "Retry", delayMs: 5_000 }
 
+/** Several deliveries that came together (one batch message): a decision each. */
+export type HandleMany = (
+  deliveries: ReadonlyArray<Delivery>,
+) => Effect.Effect<ReadonlyArray<DeliveryDecision>>
+
 export interface DeliveryOptions {
   readonly consumer: string
   readonly handle: Handle
+  readonly handleMany?: HandleMany | undefined
   readonly retry: RetryOptions
 }
 
@@ -92,17 +98,41 @@ const processBatch = (
   generation: Generation,
   message: ConsumeMessage,
   events: ReadonlyArray<BatchedEvent>,
-): Effect.Effect<void> =>
-  Effect.forEach(
-    events,
-    (event) =>
-      Effect.flatMap(decide(options, event.delivery, ""), (decision) =>
-        decision._tag === "Ack"
-          ? Effect.succeed<CopyResult>("copied")
-          : retryCopy(options.retry, generation, copyOf(message, event), event.delivery.attempt, decision),
+): Effect.Effect<void> => {
+  const copies = (decisions: ReadonlyArray<DeliveryDecision>): Effect.Effect<void> => {
+    const retries = events.flatMap((event, i) => {
+      const decision = decisions[i]!
+      return decision._tag === "Retry" ? [{ event, decision }] : []
+    })
+    if (retries.length === 0) {
+      ack(generation, message)
+      return Effect.void
+    }
+    return Effect.forEach(
+      retries,
+      ({ event, decision }) =>
+        retryCopy(options.retry, generation, copyOf(message, event), event.delivery.attempt, decision),
+      { concurrency: "unbounded" },
+    ).pipe(Effect.map((results) => settleOriginal(generation, message, worst(results))))
+  }
+  const { handleMany } = options
+  if (handleMany !== undefined) {
+    const deliveries = events.map((event) => event.delivery)
+    return Effect.suspend(() => handleMany(deliveries)).pipe(
+      Effect.catchCause((cause) =>
+        Cause.hasInterruptsOnly(cause)
+          ? Effect.failCause(cause)
+          : Effect.logError(`txbox amqp: handler for ${options.consumer} died; retrying`, cause).pipe(
+              Effect.as(deliveries.map(() => DEFECT_RETRY)),
+            ),
       ),
-    { concurrency: "unbounded" },
-  ).pipe(Effect.map((results) => settleOriginal(generation, message, worst(results))))
+      Effect.flatMap(copies),
+    )
+  }
+  return Effect.forEach(events, (event) => decide(options, event.delivery, ""), {
+    concurrency: "unbounded",
+  }).pipe(Effect.flatMap(copies))
+}
 
 /** A message the broker dead-lettered: the consumer records it; while it cannot, it stays in the dead queue. */
 export const processDeadLettered = (

@@ -15,7 +15,7 @@ import type { TransportError } from "../../Errors.ts"
 import type { SubscribeOptions, TransportShape } from "../../ports/Transport.ts"
 import type { ResolvedConfig } from "./config.ts"
 import { type Connection, transportError } from "./connection.ts"
-import type { Handle } from "./deliveries.ts"
+import type { Handle, HandleMany } from "./deliveries.ts"
 import { makeDeclareTopology, resubscribeLoop, type Subscription } from "./resubscribe.ts"
 import { makeDeclareDelayQueue } from "./retry.ts"
 import { consumerTopology, delayQueueName, queueName } from "./topology.ts"
@@ -38,7 +38,11 @@ const validate = (options: SubscribeOptions): TransportError | undefined => {
 }
 
 export const makeSubscribe = (connection: Connection, config: ResolvedConfig): TransportShape["subscribe"] =>
-  Effect.fn("AmqpTransport.subscribe")(function* (options: SubscribeOptions, handle: Handle) {
+  Effect.fn("AmqpTransport.subscribe")(function* (
+    options: SubscribeOptions,
+    handle: Handle,
+    handleMany?: HandleMany,
+  ) {
     const invalid = validate(options)
     if (invalid !== undefined) return yield* invalid
     const { consumer } = options
@@ -68,6 +72,7 @@ export const makeSubscribe = (connection: Connection, config: ResolvedConfig): T
       deliveries: {
         consumer,
         handle,
+        handleMany,
         retry: {
           consumer,
           queue,
