@@ -32,24 +32,16 @@ export const ORDER_INSERT =
 /** The handler's effect both inboxes write (inboxProcess.ts through the inbox's Kysely transaction). */
 export const HANDLED_INSERT = "INSERT INTO bench.handled (serial, key, seq) VALUES ($1, $2, $3)"
 
-/** One business transaction: the order row and its outbox row, committed together. */
-export const handTransaction = async (pool: pg.Pool, payload: OrderPlaced, run: number): Promise<void> => {
+/** `BEGIN`, `body` on one pooled client, `COMMIT`; `ROLLBACK` when it throws (the producers' transaction). */
+export const inTransaction = async (
+  pool: pg.Pool,
+  body: (client: pg.PoolClient) => Promise<void>,
+): Promise<void> => {
   const client = await pool.connect()
   let broken: Error | undefined
   try {
     await client.query("BEGIN")
-    await client.query(ORDER_INSERT, [
-      payload.orderId,
-      payload.customerId,
-      payload.total,
-      payload.serial,
-      run,
-    ])
-    await client.query("INSERT INTO hand.outbox (id, type, payload) VALUES ($1, $2, $3)", [
-      randomUUID(),
-      BENCH_TYPE,
-      JSON.stringify(payload),
-    ])
+    await body(client)
     await client.query("COMMIT")
   } catch (error) {
     await client.query("ROLLBACK").catch((e: Error) => {
@@ -60,6 +52,21 @@ export const handTransaction = async (pool: pg.Pool, payload: OrderPlaced, run: 
     client.release(broken)
   }
 }
+
+/** The order row, as both producers write it. */
+export const insertOrder = (client: pg.PoolClient, payload: OrderPlaced, run: number) =>
+  client.query(ORDER_INSERT, [payload.orderId, payload.customerId, payload.total, payload.serial, run])
+
+/** One business transaction: the order row and its outbox row, committed together. */
+export const handTransaction = (pool: pg.Pool, payload: OrderPlaced, run: number): Promise<void> =>
+  inTransaction(pool, async (client) => {
+    await insertOrder(client, payload, run)
+    await client.query("INSERT INTO hand.outbox (id, type, payload) VALUES ($1, $2, $3)", [
+      randomUUID(),
+      BENCH_TYPE,
+      JSON.stringify(payload),
+    ])
+  })
 
 /** Opens every pooled connection once, so the measurement does not pay for connecting. */
 export const warmPool = async (pool: pg.Pool, size: number): Promise<void> => {

@@ -20,7 +20,7 @@ import { CompiledQuery, Kysely, PostgresDialect } from "kysely"
 import pg from "pg"
 import * as Outbox from "../../src/Outbox.ts"
 import { onCommands } from "./childIo.ts"
-import { handTransaction, ORDER_INSERT } from "./hand.ts"
+import { handTransaction, insertOrder, inTransaction, ORDER_INSERT } from "./hand.ts"
 import { makePayload, OrderPlaced } from "./payload.ts"
 
 const env = (name: string, fallback?: string): string => {
@@ -80,31 +80,13 @@ const transaction = async (command: RunCommand): Promise<void> => {
  * Mode "enqueue": the hand-written producer's transaction (support/hand.ts) with `Outbox.enqueue` on
  * the same `pg` client in place of its outbox INSERT, so the two differ by the outbox alone.
  */
-const clientTransaction = async (payload: OrderPlaced, run: number): Promise<void> => {
-  const client = await pool.connect()
-  let broken: Error | undefined
-  try {
-    await client.query("BEGIN")
-    await client.query(ORDER_INSERT, [
-      payload.orderId,
-      payload.customerId,
-      payload.total,
-      payload.serial,
-      run,
-    ])
+const clientTransaction = (payload: OrderPlaced, run: number): Promise<void> =>
+  inTransaction(pool, async (client) => {
+    await insertOrder(client, payload, run)
     await Effect.runPromise(
       Outbox.enqueue(client, OrderPlaced, payload, keyed ? { partitionKey: payload.orderId } : undefined),
     )
-    await client.query("COMMIT")
-  } catch (error) {
-    await client.query("ROLLBACK").catch((e: Error) => {
-      broken = e
-    })
-    throw error
-  } finally {
-    client.release(broken)
-  }
-}
+  })
 
 const percentile = (sorted: ReadonlyArray<number>, q: number) =>
   sorted.length === 0

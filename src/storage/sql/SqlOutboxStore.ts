@@ -17,7 +17,7 @@
  * - Each statement is compiled once per store (`prepare`), not per call.
  */
 import { Effect, Layer, type Scope } from "effect"
-import { type CompiledQuery, createQueryId, type Kysely, sql } from "kysely"
+import { type CompiledQuery, createQueryId, type ExpressionBuilder, type Kysely, sql } from "kysely"
 import { uuidv7 } from "../../core/uuid.ts"
 import type { StoreError } from "../../Errors.ts"
 import { Database, notifyChannel } from "../../ports/Database.ts"
@@ -62,6 +62,26 @@ interface MarkRecord {
   readonly error: string | null
 }
 
+/** What a claim reads of each row (`ClaimedRow`), the outbox aliased `o`: a lease's and a held claim's. */
+const claimedColumns = (eb: ExpressionBuilder<{ o: TxboxDatabase["outbox"] }, "o">) =>
+  [
+    "o.id",
+    "o.type",
+    "o.version",
+    // The payload as JSON text, so the relay never parses and re-serialises it.
+    eb.cast<string>("o.payload", "text").as("payload"),
+    "o.headers",
+    "o.routing_key",
+    "o.partition_key",
+    // bigint comes back as a string from every driver; float8 is exact up to 2^53.
+    eb.cast<number | null>("o.partition_epoch", "double precision").as("partition_epoch"),
+    eb.cast<number | null>("o.partition_seq", "double precision").as("partition_seq"),
+    "o.tenant_id",
+    eb.cast<string>("o.visible_at", "text").as("lease_until"),
+    "o.occurred_at",
+    "o.attempts",
+  ] as const
+
 /**
  * Claims up to `limit` due rows: locks them with SKIP LOCKED (other relays take
  * the next rows instead of waiting), stamps them with `token` and pushes
@@ -89,23 +109,7 @@ export const claimQuery = (
     .set({ lock_token: token, visible_at: nowPlusMs(leaseMs) })
     .from("due")
     .whereRef("o.id", "=", "due.id")
-    .returning((eb) => [
-      "o.id",
-      "o.type",
-      "o.version",
-      // The payload as JSON text, so the relay never parses and re-serialises it.
-      eb.cast<string>("o.payload", "text").as("payload"),
-      "o.headers",
-      "o.routing_key",
-      "o.partition_key",
-      // bigint comes back as a string from every driver; float8 is exact up to 2^53.
-      eb.cast<number | null>("o.partition_epoch", "double precision").as("partition_epoch"),
-      eb.cast<number | null>("o.partition_seq", "double precision").as("partition_seq"),
-      "o.tenant_id",
-      eb.cast<string>("o.visible_at", "text").as("lease_until"),
-      "o.occurred_at",
-      "o.attempts",
-    ])
+    .returning(claimedColumns)
     .compile()
 
 /** `mark`'s one parameter: the verdicts as a JSON array of `MarkRecord`. */
@@ -176,21 +180,7 @@ export const claimHeldQuery = (
         "lease",
       ),
     ])
-    .select((eb) => [
-      "o.id",
-      "o.type",
-      "o.version",
-      eb.cast<string>("o.payload", "text").as("payload"),
-      "o.headers",
-      "o.routing_key",
-      "o.partition_key",
-      eb.cast<number | null>("o.partition_epoch", "double precision").as("partition_epoch"),
-      eb.cast<number | null>("o.partition_seq", "double precision").as("partition_seq"),
-      "o.tenant_id",
-      eb.cast<string>("o.visible_at", "text").as("lease_until"),
-      "o.occurred_at",
-      "o.attempts",
-    ])
+    .select(claimedColumns)
     .where("o.status", "=", pending)
     .where("o.visible_at", "<=", now)
     .orderBy("o.visible_at")
