@@ -65,7 +65,11 @@ const recordingHandler = (consumer: string, failUntilAttempt = 0) =>
 
 const startInbox = (
   exchange: string,
-  config: Omit<Inbox.InboxConfig, "handlers"> & { failUntilAttempt?: number },
+  // `handlers`: instead of the recording handler.
+  config: Omit<Inbox.InboxConfig, "handlers"> & {
+    failUntilAttempt?: number
+    handlers?: Inbox.InboxConfig["handlers"]
+  },
 ) => {
   const runtime = ManagedRuntime.make(
     Inbox.layer({
@@ -760,28 +764,20 @@ describe("a batch message (the relay's default wire format)", () => {
     const exchange = uniqueName("inbox-batch")
     const consumer = uniqueName("batched")
     // "b" fails its first attempt: it alone comes back through the delay queue.
-    const runtime = ManagedRuntime.make(
-      Inbox.layer({
-        consumer,
-        pollInterval: "100 millis",
-        retry: { initialDelay: "100 millis", maxDelay: "300 millis", maxAttempts: 3 },
-        handlers: [
-          Inbox.handler(Note, ({ payload, envelope, trx }) =>
-            payload.note === "b" && envelope.attempt === 1
-              ? Effect.fail(new Error("b fails once"))
-              : Effect.promise(() =>
-                  sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
-                    trx,
-                  ),
+    const runtime = startInbox(exchange, {
+      consumer,
+      handlers: [
+        Inbox.handler(Note, ({ payload, envelope, trx }) =>
+          payload.note === "b" && envelope.attempt === 1
+            ? Effect.fail(new Error("b fails once"))
+            : Effect.promise(() =>
+                sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
+                  trx,
                 ),
-          ),
-        ],
-      }).pipe(
-        Layer.provide(
-          Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+              ),
         ),
-      ),
-    )
+      ],
+    })
     await runtime.runPromise(Effect.void)
     const a = note("a")
     const b = note("b")
