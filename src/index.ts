@@ -63,6 +63,7 @@ export type { TxboxStore } from "./ports/stores.ts"
 export {
   type Delivery,
   type DeliveryDecision,
+  type HandleMany,
   type MessagingIdentity,
   type OutgoingMessage,
   type PartitionPosition,

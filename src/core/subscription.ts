@@ -6,7 +6,13 @@
  */
 import { Effect, type Scope } from "effect"
 import { ConfigError, type TransportError } from "../Errors.ts"
-import type { Delivery, DeliveryDecision, SubscribeOptions, TransportShape } from "../ports/Transport.ts"
+import type {
+  Delivery,
+  DeliveryDecision,
+  HandleMany,
+  SubscribeOptions,
+  TransportShape,
+} from "../ports/Transport.ts"
 import { type RetryPolicy, schedule } from "../Retry.ts"
 
 export const subscribe = (
@@ -16,7 +22,7 @@ export const subscribe = (
   outage: RetryPolicy,
   /** Runs once the queue is bound, whether at once or in the background. */
   onSubscribed: Effect.Effect<void> = Effect.void,
-  handleMany?: (deliveries: ReadonlyArray<Delivery>) => Effect.Effect<ReadonlyArray<DeliveryDecision>>,
+  handleMany?: HandleMany,
 ): Effect.Effect<void, ConfigError, Scope.Scope> =>
   Effect.gen(function* () {
     const attempt = Effect.tap(transport.subscribe(options, handle, handleMany), () => onSubscribed)

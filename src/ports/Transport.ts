@@ -113,6 +113,11 @@ export type DeliveryDecision =
   | { readonly _tag: "Ack" }
   | { readonly _tag: "Retry"; readonly delayMs: number; readonly spendsAttempt?: boolean }
 
+/** Several deliveries that came together (the events of one batch message): a decision each, in their order. */
+export type HandleMany = (
+  deliveries: ReadonlyArray<Delivery>,
+) => Effect.Effect<ReadonlyArray<DeliveryDecision>>
+
 /** What `TransportShape.subscribe` consumes: the consumer's queue, the event types bound to it, and its prefetch. */
 export interface SubscribeOptions {
   /** Names the consumer's queue; one queue per consumer. */
@@ -158,7 +163,7 @@ export interface TransportShape {
      * each, in their order. A transport that receives such groups uses it when given, else
      * `handle` for each.
      */
-    handleMany?: (deliveries: ReadonlyArray<Delivery>) => Effect.Effect<ReadonlyArray<DeliveryDecision>>,
+    handleMany?: HandleMany,
   ) => Effect.Effect<void, TransportError, Scope.Scope>
   /** Whether the transport currently holds a live connection (for health checks). */
   readonly isConnected: Effect.Effect<boolean>

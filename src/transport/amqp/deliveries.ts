@@ -5,7 +5,7 @@
  */
 import type { ConsumeMessage } from "amqplib"
 import { Cause, Duration, Effect } from "effect"
-import type { Delivery, DeliveryDecision } from "../../ports/Transport.ts"
+import type { Delivery, DeliveryDecision, HandleMany } from "../../ports/Transport.ts"
 import { type BatchedEvent, batchOfOne, decodeBatch, isBatch } from "./batch.ts"
 import { ack, type Generation, requeue } from "./generation.ts"
 import {
@@ -23,11 +23,6 @@ export type Handle = (delivery: Delivery) => Effect.Effect<DeliveryDecision>
 /** A handler that dies is retried after this long (it is a bug, not a transient failure). */
 const DEFECT_RETRY: DeliveryDecision = { _tag: "Retry", delayMs: 5_000 }
 
-/** Several deliveries that came together (one batch message): a decision each. */
-export type HandleMany = (
-  deliveries: ReadonlyArray<Delivery>,
-) => Effect.Effect<ReadonlyArray<DeliveryDecision>>
-
 export interface DeliveryOptions {
   readonly consumer: string
   readonly handle: Handle
@@ -35,22 +30,32 @@ export interface DeliveryOptions {
   readonly retry: RetryOptions
 }
 
+/**
+ * `handling`'s answer; when it dies, `died` (logged): a bug is retried later, never the end of the
+ * consumer. Interrupted handlers stay unsettled; the broker redelivers them.
+ */
+const orOnDefect = <A>(
+  options: DeliveryOptions,
+  what: string,
+  handling: () => Effect.Effect<A>,
+  died: A,
+): Effect.Effect<A> =>
+  Effect.suspend(handling).pipe(
+    Effect.catchCause((cause) =>
+      Cause.hasInterruptsOnly(cause)
+        ? Effect.failCause(cause)
+        : Effect.logError(`txbox amqp: handler for ${options.consumer} died${what}; retrying`, cause).pipe(
+            Effect.as(died),
+          ),
+    ),
+  )
+
 /** The handler's decision; a handler that dies is retried later (logged). */
 const decide = (
   options: DeliveryOptions,
   delivery: Delivery,
   what: string,
-): Effect.Effect<DeliveryDecision> =>
-  Effect.suspend(() => options.handle(delivery)).pipe(
-    Effect.catchCause((cause) =>
-      // Interrupted handlers stay unsettled; the broker redelivers them.
-      Cause.hasInterruptsOnly(cause)
-        ? Effect.failCause(cause)
-        : Effect.logError(`txbox amqp: handler for ${options.consumer} died${what}; retrying`, cause).pipe(
-            Effect.as(DEFECT_RETRY),
-          ),
-    ),
-  )
+): Effect.Effect<DeliveryDecision> => orOnDefect(options, what, () => options.handle(delivery), DEFECT_RETRY)
 
 /** The events of a batch message, or undefined for a message of one event (binary or structured mode). */
 const eventsOf = (message: ConsumeMessage): ReadonlyArray<BatchedEvent> | undefined =>
@@ -118,15 +123,14 @@ const processBatch = (
   const { handleMany } = options
   if (handleMany !== undefined) {
     const deliveries = events.map((event) => event.delivery)
-    return Effect.suspend(() => handleMany(deliveries)).pipe(
-      Effect.catchCause((cause) =>
-        Cause.hasInterruptsOnly(cause)
-          ? Effect.failCause(cause)
-          : Effect.logError(`txbox amqp: handler for ${options.consumer} died; retrying`, cause).pipe(
-              Effect.as(deliveries.map(() => DEFECT_RETRY)),
-            ),
+    return Effect.flatMap(
+      orOnDefect(
+        options,
+        "",
+        () => handleMany(deliveries),
+        deliveries.map(() => DEFECT_RETRY),
       ),
-      Effect.flatMap(copies),
+      copies,
     )
   }
   return Effect.forEach(events, (event) => decide(options, event.delivery, ""), {

@@ -12,10 +12,10 @@
  */
 import { Deferred, Effect, Fiber, FiberSet, Scope } from "effect"
 import type { TransportError } from "../../Errors.ts"
-import type { SubscribeOptions, TransportShape } from "../../ports/Transport.ts"
+import type { HandleMany, SubscribeOptions, TransportShape } from "../../ports/Transport.ts"
 import type { ResolvedConfig } from "./config.ts"
 import { type Connection, transportError } from "./connection.ts"
-import type { Handle, HandleMany } from "./deliveries.ts"
+import type { Handle } from "./deliveries.ts"
 import { makeDeclareTopology, resubscribeLoop, type Subscription } from "./resubscribe.ts"
 import { makeDeclareDelayQueue } from "./retry.ts"
 import { consumerTopology, delayQueueName, queueName } from "./topology.ts"
