@@ -18,7 +18,7 @@
 // The whole matrix runs `--rounds` times (hand and txbox back to back in each cell); the tables
 // show medians, the JSON every run.
 //
-//   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 6] [--loads max,250,1000] [--topologies 1+1,2+2]
+//   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 6] [--settle 10] [--loads max,250,1000] [--topologies 1+1,2+2]
 //                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
 //                     [--pooler direct|pgbouncer[:N]]
 import { execFileSync } from "node:child_process"
@@ -103,6 +103,14 @@ const config = {
    */
   pooler: args.string("pooler", "direct"),
   warmupSeconds: args.number("warmup", quick ? 0.3 : 6),
+  /**
+   * Then, at an offered load, seconds at that load before the clock starts (not measured): the
+   * steady state at the load, not the way down from flat out. Right after the flat-out warm-up
+   * JavaScriptCore was still compiling the paths a low rate takes (small batches, waits between
+   * looks): at 250 msg/s txbox's total cost was 1.22× the hand-written one's in the first 10 s and
+   * 0.94–0.97× over 40–60 s (2026-11-27); the hand-written pipeline's, with far less code, settles at once.
+   */
+  settleSeconds: args.number("settle", quick ? 0 : 10),
   /** Pooled connections of the producer process: its loops flat out, its most in flight at a rate. */
   connections: args.number("connections", 4),
   drainTimeoutMs: args.number("drain-timeout", quick ? 60 : 300) * 1000,
@@ -489,6 +497,16 @@ async function runOnce(
       warmed = warm.transactions ?? 0
       await drained(`${label} warm-up`, warmed)
       await sleep(200)
+    }
+    if (rate > 0 && config.settleSeconds > 0) {
+      producer.send(JSON.stringify({ cmd: "run", run: 2, mode, rate, seconds: config.settleSeconds }))
+      const settle = await producer.waitFor(
+        `${label}: the settling run`,
+        (line) => line.event === "done" && line.run === 2,
+        config.settleSeconds * 1000 + 60_000,
+      )
+      warmed += settle.transactions ?? 0
+      await drained(`${label} settling`, warmed)
     }
 
     await sleep(1100)

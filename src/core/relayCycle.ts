@@ -102,6 +102,8 @@ export const relayCycle = (
       spanned("Relay.publish"),
     )
 
+  // Built once: a schedule is a value, and the mark runs every cycle.
+  const outage = schedule(s.outage)
   // A failed mark is retried for a while (the rows are confirmed; only the
   // record is missing). If the database stays away past half the lease the
   // rows come due again and are published twice: at least once, not lost.
@@ -110,7 +112,7 @@ export const relayCycle = (
       .mark(token, marks)
       .pipe(
         bounded("Relay.mark", s.statementTimeoutMs),
-        Effect.retry({ schedule: schedule(s.outage), while: (e) => e.retryable }),
+        Effect.retry({ schedule: outage, while: (e) => e.retryable }),
         bounded("Relay.mark", s.leaseMs / 2),
         spanned("Relay.mark"),
       )
