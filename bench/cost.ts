@@ -31,7 +31,7 @@ import { startPgBouncer } from "../test/support/pgbouncer.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
 import { type Child, type ProducerLine, type RelayStatsLine, spawnChild } from "./support/children.ts"
-import { type CpuMeter, type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
+import { type CpuMeter, type CpuUse, cpuMeter, portOf, threadSeconds } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import { HAND_SCHEMA_SQL } from "./support/hand.ts"
 import {
@@ -116,7 +116,7 @@ const config = {
   drainTimeoutMs: args.number("drain-timeout", quick ? 60 : 300) * 1000,
 }
 
-const PARTIES = ["producer", "relay", "inbox", "postgres", "rabbitmq", "total", "other"] as const
+const PARTIES = ["producer", "relay", "inbox", "postgres", "rabbitmq", "total", "other", "jit"] as const
 type Party = (typeof PARTIES)[number]
 
 interface Run {
@@ -524,6 +524,9 @@ async function runOnce(
       return { claims, batches, at: performance.now() }
     }
     const claimsBefore = claimsSoFar()
+    // The clients' JIT compiler threads: part of their CPU above, shown apart (JIT column).
+    const compiling = () => pids.reduce((sum, pid) => sum + threadSeconds(pid, "JITWorker"), 0)
+    const compilingBefore = compiling()
     const before = meter.sample(pids)
     const machineBefore = machineTicks()
     producer.send(JSON.stringify({ cmd: "run", run: 1, mode, rate, seconds: config.seconds }))
@@ -550,6 +553,7 @@ async function runOnce(
       10_000,
     )
     const cpu = meter.use(before, meter.sample(pids))
+    const compiled = compiling() - compilingBefore
     const machine = machineUse(machineBefore, machineTicks(), cpu.seconds)
     const claimsAfter = claimsSoFar()
     const claimed =
@@ -629,6 +633,8 @@ async function runOnce(
           ? undefined
           : Math.max(0, cpu.machineBusy - total),
       ),
+      // Of producer + relay + inbox: JavaScriptCore compiling their code (Bun only; 0 under Node).
+      jit: committed === 0 ? undefined : (compiled * 1e6) / committed,
     }
     const run: Run = {
       round: repeat,

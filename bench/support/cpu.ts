@@ -95,6 +95,28 @@ export const treeSeconds = (root: number): number | undefined => {
   return total
 }
 
+/**
+ * CPU seconds of the threads of `pid` named `name` (`/proc/<pid>/task/<tid>/comm`): JavaScriptCore's
+ * compiler threads are "JITWorker" under Bun. 0 when there are none or /proc cannot tell.
+ */
+export const threadSeconds = (pid: number, name: string): number => {
+  let total = 0
+  let tasks: string[]
+  try {
+    tasks = readdirSync(`/proc/${pid}/task`)
+  } catch {
+    return 0
+  }
+  for (const tid of tasks) {
+    if (readText(`/proc/${pid}/task/${tid}/comm`)?.trim() !== name) continue
+    const text = readText(`/proc/${pid}/task/${tid}/stat`)
+    if (text === undefined) continue
+    const f = text.slice(text.lastIndexOf(")") + 2).split(" ")
+    total += (Number(f[11] ?? 0) + Number(f[12] ?? 0)) / TICKS
+  }
+  return total
+}
+
 /** Busy and total CPU seconds of the whole machine (all cores), from /proc/stat. */
 const machineSeconds = (): { busy: number; total: number } | undefined => {
   const line = readText("/proc/stat")?.split("\n")[0]
