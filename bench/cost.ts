@@ -31,7 +31,7 @@ import { startPgBouncer } from "../test/support/pgbouncer.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
 import { type Child, type ProducerLine, type RelayStatsLine, spawnChild } from "./support/children.ts"
-import { type CpuMeter, type CpuUse, cpuMeter, portOf, threadSeconds } from "./support/cpu.ts"
+import { type CpuMeter, type CpuUse, cpuMeter, portOf, threadSeconds, threadsUsed } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import { HAND_SCHEMA_SQL } from "./support/hand.ts"
 import {
@@ -525,7 +525,8 @@ async function runOnce(
     }
     const claimsBefore = claimsSoFar()
     // The clients' JIT compiler threads: part of their CPU above, shown apart (JIT column).
-    const compiling = () => pids.reduce((sum, pid) => sum + threadSeconds(pid, "JITWorker"), 0)
+    // (A compiler thread that exits in between takes its time with it: a lower bound.)
+    const compiling = () => new Map(pids.flatMap((pid) => [...threadSeconds(pid, "JITWorker")]))
     const compilingBefore = compiling()
     const before = meter.sample(pids)
     const machineBefore = machineTicks()
@@ -553,7 +554,7 @@ async function runOnce(
       10_000,
     )
     const cpu = meter.use(before, meter.sample(pids))
-    const compiled = compiling() - compilingBefore
+    const compiled = threadsUsed(compilingBefore, compiling())
     const machine = machineUse(machineBefore, machineTicks(), cpu.seconds)
     const claimsAfter = claimsSoFar()
     const claimed =

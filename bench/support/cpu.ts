@@ -96,25 +96,33 @@ export const treeSeconds = (root: number): number | undefined => {
 }
 
 /**
- * CPU seconds of the threads of `pid` named `name` (`/proc/<pid>/task/<tid>/comm`): JavaScriptCore's
- * compiler threads are "JITWorker" under Bun. 0 when there are none or /proc cannot tell.
+ * CPU seconds of each thread of `pid` named `name` (`/proc/<pid>/task/<tid>/comm`), by thread id:
+ * JavaScriptCore's compiler threads are "JITWorker" under Bun. Empty when there are none or /proc
+ * cannot tell. By thread, since such a thread may exit when idle and take its count with it.
  */
-export const threadSeconds = (pid: number, name: string): number => {
-  let total = 0
+export const threadSeconds = (pid: number, name: string): Map<string, number> => {
+  const byThread = new Map<string, number>()
   let tasks: string[]
   try {
     tasks = readdirSync(`/proc/${pid}/task`)
   } catch {
-    return 0
+    return byThread
   }
   for (const tid of tasks) {
     if (readText(`/proc/${pid}/task/${tid}/comm`)?.trim() !== name) continue
     const text = readText(`/proc/${pid}/task/${tid}/stat`)
     if (text === undefined) continue
     const f = text.slice(text.lastIndexOf(")") + 2).split(" ")
-    total += (Number(f[11] ?? 0) + Number(f[12] ?? 0)) / TICKS
+    byThread.set(`${pid}/${tid}`, (Number(f[11] ?? 0) + Number(f[12] ?? 0)) / TICKS)
   }
-  return total
+  return byThread
+}
+
+/** What the threads of `after` used since `before` (a thread new since then: all of its time). */
+export const threadsUsed = (before: Map<string, number>, after: Map<string, number>): number => {
+  let used = 0
+  for (const [thread, seconds] of after) used += seconds - (before.get(thread) ?? 0)
+  return used
 }
 
 /** Busy and total CPU seconds of the whole machine (all cores), from /proc/stat. */
