@@ -445,7 +445,10 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
   }
 
   const mark = (token: string, marks: ReadonlyArray<OutboxMark>) => {
-    if (held.holds(token)) return tryStore("OutboxStore.mark", () => held.mark(token, marks)!)
+    // Run again (the relay retries a failed mark), a held claim is gone with its transaction: its
+    // rows were rolled back and come due as they were, so nothing is marked.
+    if (held.holds(token))
+      return tryStore("OutboxStore.mark", () => held.mark(token, marks) ?? Promise.resolve(0))
     const lease = leases.get(token)
     leases.delete(token)
     if (marks.length === 0) return Effect.succeed(0)
