@@ -66,11 +66,13 @@ interface Stat {
   readonly seconds: number
 }
 
+/** The fields of a `/proc/…/stat` line after the command name, which may hold spaces and parentheses. */
+const statFields = (text: string): string[] => text.slice(text.lastIndexOf(")") + 2).split(" ")
+
 const statOf = (pid: number): Stat | undefined => {
   const text = readText(`/proc/${pid}/stat`)
   if (text === undefined) return undefined
-  // The command name may hold spaces and parentheses: fields start after the last ")".
-  const f = text.slice(text.lastIndexOf(")") + 2).split(" ")
+  const f = statFields(text)
   const n = (i: number) => Number(f[i] ?? 0)
   return { ppid: n(1), seconds: (n(11) + n(12) + n(13) + n(14)) / TICKS }
 }
@@ -112,7 +114,7 @@ export const threadSeconds = (pid: number, name: string): Map<string, number> =>
     if (readText(`/proc/${pid}/task/${tid}/comm`)?.trim() !== name) continue
     const text = readText(`/proc/${pid}/task/${tid}/stat`)
     if (text === undefined) continue
-    const f = text.slice(text.lastIndexOf(")") + 2).split(" ")
+    const f = statFields(text)
     byThread.set(`${pid}/${tid}`, (Number(f[11] ?? 0) + Number(f[12] ?? 0)) / TICKS)
   }
   return byThread
