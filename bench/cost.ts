@@ -486,28 +486,24 @@ async function runOnce(
       })
     const mode = pipeline === "hand" ? "hand" : pipeline === "txbox" ? "enqueue" : "enqueue-kysely"
     const rate = load === "max" ? 0 : load
+    // An unmeasured producer run (its orders' run number is never 1), drained before the next step.
     let warmed = 0
-    if (config.warmupSeconds > 0) {
-      producer.send(JSON.stringify({ cmd: "run", run: 0, mode, rate: 0, seconds: config.warmupSeconds }))
-      const warm = await producer.waitFor(
-        `${label}: the warm-up`,
-        (line) => line.event === "done" && line.run === 0,
-        config.warmupSeconds * 1000 + 60_000,
+    const unmeasured = async (run: number, what: string, runRate: number, seconds: number) => {
+      producer.send(JSON.stringify({ cmd: "run", run, mode, rate: runRate, seconds }))
+      const done = await producer.waitFor(
+        `${label}: ${what}`,
+        (line) => line.event === "done" && line.run === run,
+        seconds * 1000 + 60_000,
       )
-      warmed = warm.transactions ?? 0
-      await drained(`${label} warm-up`, warmed)
+      warmed += done.transactions ?? 0
+      await drained(`${label} ${what}`, warmed)
+    }
+    if (config.warmupSeconds > 0) {
+      await unmeasured(0, "the warm-up", 0, config.warmupSeconds)
       await sleep(200)
     }
-    if (rate > 0 && config.settleSeconds > 0) {
-      producer.send(JSON.stringify({ cmd: "run", run: 2, mode, rate, seconds: config.settleSeconds }))
-      const settle = await producer.waitFor(
-        `${label}: the settling run`,
-        (line) => line.event === "done" && line.run === 2,
-        config.settleSeconds * 1000 + 60_000,
-      )
-      warmed += settle.transactions ?? 0
-      await drained(`${label} settling`, warmed)
-    }
+    if (rate > 0 && config.settleSeconds > 0)
+      await unmeasured(2, "the settling run", rate, config.settleSeconds)
 
     await sleep(1100)
     const databaseBefore = await databaseSample(bench.db)
