@@ -22,7 +22,8 @@
 //                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
 //                     [--pooler direct|pgbouncer[:N]]
 import { execFileSync } from "node:child_process"
-import { readFileSync } from "node:fs"
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs"
+import { join } from "node:path"
 import { type Kysely, sql } from "kysely"
 import postgres from "postgres"
 import { defaultRetryPolicy } from "../src/Retry.ts"
@@ -161,6 +162,52 @@ interface DatabaseWork {
  * and deleted in the database's tables. PostgreSQL publishes a backend's counters at most once a
  * second, so the second sample waits for them (see the call).
  */
+/**
+ * BENCH_PG_STATEMENTS=<dir>: the bench's own PostgreSQL loads pg_stat_statements (statements in
+ * functions and triggers too, planning time apart), reset before each measured run and written to
+ * <dir>/<label>.txt after it: where the server's time per message goes, statement by statement.
+ */
+const STATEMENTS_DIR = process.env.BENCH_PG_STATEMENTS || undefined
+
+const statementsReset = async (serverUrl: string) => {
+  if (STATEMENTS_DIR === undefined) return
+  const admin = postgres(serverUrl, { max: 1, onnotice: () => {} })
+  try {
+    await admin.unsafe("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    // Settable only once the library is loaded (after the restart that loads it).
+    await admin.unsafe(`ALTER SYSTEM SET pg_stat_statements.track = 'all'`)
+    await admin.unsafe(`ALTER SYSTEM SET pg_stat_statements.track_planning = 'on'`)
+    await admin.unsafe("SELECT pg_reload_conf()")
+    await admin.unsafe("SELECT pg_stat_statements_reset()")
+  } finally {
+    await admin.end({ timeout: 5 })
+  }
+}
+
+const statementsWrite = async (serverUrl: string, label: string, messages: number) => {
+  if (STATEMENTS_DIR === undefined) return
+  const admin = postgres(serverUrl, { max: 1, onnotice: () => {} })
+  try {
+    const rows = await admin.unsafe<
+      Array<{ calls: string; exec: number; plan: number; rows: string; query: string }>
+    >(`SELECT calls::text, total_exec_time AS exec, total_plan_time AS plan, rows::text, query
+         FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 40`)
+    const lines = rows.map(
+      (r) =>
+        `${((r.exec * 1000) / messages).toFixed(1).padStart(8)} µs/msg exec ${((r.plan * 1000) / messages).toFixed(1).padStart(7)} plan ` +
+        `${(Number(r.calls) / messages).toFixed(3).padStart(8)} calls/msg ${(Number(r.rows) / Math.max(1, Number(r.calls))).toFixed(1).padStart(7)} rows/call  ` +
+        r.query.replace(/\s+/g, " ").slice(0, 220),
+    )
+    mkdirSync(STATEMENTS_DIR, { recursive: true })
+    writeFileSync(
+      join(STATEMENTS_DIR, `${label.replace(/[^A-Za-z0-9+#_-]+/g, "_")}.txt`),
+      `${lines.join("\n")}\n`,
+    )
+  } finally {
+    await admin.end({ timeout: 5 })
+  }
+}
+
 const databaseSample = async (db: Kysely<unknown>) => {
   const r = await sql<{ xacts: string; wal: string; writes: string }>`
     SELECT (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()) AS xacts,
@@ -189,6 +236,9 @@ main(() =>
       const admin = postgres(local.url, { max: 1, onnotice: () => {} })
       try {
         await admin.unsafe(`ALTER SYSTEM SET track_commit_timestamp = 'on'`)
+        if (STATEMENTS_DIR !== undefined) {
+          await admin.unsafe(`ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'`)
+        }
       } finally {
         await admin.end({ timeout: 5 })
       }
@@ -506,6 +556,7 @@ async function runOnce(
       await unmeasured(2, "the settling run", rate, config.settleSeconds)
 
     await sleep(1100)
+    await statementsReset(serverUrl)
     const databaseBefore = await databaseSample(bench.db)
     // The relays' claims so far (each reports every STATS_MS): txbox's only, the hand-written relay counts none.
     const claimsSoFar = () => {
@@ -565,6 +616,7 @@ async function runOnce(
     // Backends publish their counters within a second of their last transaction.
     await sleep(1100)
     const databaseAfter = await databaseSample(bench.db)
+    await statementsWrite(serverUrl, label, committed)
     const database: DatabaseWork = {
       transactions: (databaseAfter.transactions - databaseBefore.transactions) / Math.max(1, committed),
       walBytes: (databaseAfter.walBytes - databaseBefore.walBytes) / Math.max(1, committed),

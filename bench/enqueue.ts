@@ -1,7 +1,7 @@
 // The producer's cost: a business transaction (insert an order) with and without the outbox
-// insert, transactions per second from 8 concurrent connections. Two more rows split that cost:
-// the same outbox row inserted by hand (no validation, no Effect: the library's own overhead) and
-// enqueue with the outbox's NOTIFY trigger disabled (what LISTEN/NOTIFY costs the producer).
+// insert, transactions per second from 8 concurrent connections. One more row splits that cost:
+// the same outbox row inserted by hand (no validation, no Effect, no wake-up check: the library's
+// own overhead).
 //
 //   bun bench/enqueue.ts [--quick] [--seconds 10] [--rounds 2] [--connections 8]
 import { Effect } from "effect"
@@ -43,21 +43,18 @@ const insertOrder = (trx: Trx, id: string, total: number) =>
 
 interface Variant {
   readonly name: string
-  readonly notify: boolean
   readonly body: (trx: Trx, serial: number) => Promise<void>
 }
 
 const variants: ReadonlyArray<Variant> = [
   {
     name: "order only",
-    notify: true,
     body: async (trx, serial) => {
       await insertOrder(trx, crypto.randomUUID(), serial)
     },
   },
   {
     name: "order + Outbox.enqueue",
-    notify: true,
     body: async (trx, serial) => {
       const payload = makePayload(serial)
       await insertOrder(trx, payload.orderId, payload.total)
@@ -66,7 +63,6 @@ const variants: ReadonlyArray<Variant> = [
   },
   {
     name: "order + outbox row by hand",
-    notify: true,
     body: async (trx, serial) => {
       const payload = makePayload(serial)
       await insertOrder(trx, payload.orderId, payload.total)
@@ -81,34 +77,6 @@ const variants: ReadonlyArray<Variant> = [
           headers: sql`'{}'::jsonb`,
         })
         .execute()
-    },
-  },
-  {
-    name: "order + outbox row by hand, NOTIFY trigger off",
-    notify: false,
-    body: async (trx, serial) => {
-      const payload = makePayload(serial)
-      await insertOrder(trx, payload.orderId, payload.total)
-      await trx
-        .withSchema("txbox")
-        .insertInto("outbox")
-        .values({
-          id: uuidv7(),
-          type: OrderPlaced.type,
-          version: 1,
-          payload: sql`${JSON.stringify(payload)}::text::jsonb`,
-          headers: sql`'{}'::jsonb`,
-        })
-        .execute()
-    },
-  },
-  {
-    name: "order + Outbox.enqueue, NOTIFY trigger off",
-    notify: false,
-    body: async (trx, serial) => {
-      const payload = makePayload(serial)
-      await insertOrder(trx, payload.orderId, payload.total)
-      await Effect.runPromise(Outbox.enqueue(trx, OrderPlaced, payload))
     },
   },
 ]
@@ -152,9 +120,6 @@ main(() =>
       for (let round = 0; round < config.rounds; round++) {
         for (const [index, variant] of variants.entries()) {
           await sql`TRUNCATE orders, txbox.outbox`.execute(db)
-          await sql
-            .raw(`ALTER TABLE txbox.outbox ${variant.notify ? "ENABLE" : "DISABLE"} TRIGGER outbox_notify`)
-            .execute(db)
           let serial = 0
           let measuring = false
           const latencies = measured[index]!.latencies
@@ -191,7 +156,6 @@ main(() =>
         log(`${variant.name}: ${Math.round(run.rate)} tx/s`)
         return run
       })
-      await sql`ALTER TABLE txbox.outbox ENABLE TRIGGER outbox_notify`.execute(db)
 
       const base = runs[0]!.rate
       printTable(

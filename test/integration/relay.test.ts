@@ -320,6 +320,13 @@ describe("relay", () => {
       await enqueueOrders(1)
       await settle()
       expect(wakeups).toBe(5)
+      // Only enqueue wakes relays (0013 dropped the trigger): a row of your own SQL waits for a look or a poll.
+      await sql`DELETE FROM txbox.outbox`.execute(t.db)
+      await sql`INSERT INTO txbox.outbox (id, type, version, payload) VALUES (gen_random_uuid(), 'x', 1, '{}')`.execute(
+        t.db,
+      )
+      await settle()
+      expect(wakeups).toBe(5)
     } finally {
       await listener.end()
       await sql`DELETE FROM txbox.outbox`.execute(t.db)
@@ -414,7 +421,7 @@ describe("relay", () => {
         // A backlog keeps the relay busy for a while; Z is committed meanwhile, due and unclaimed.
         const backlog = await enqueueOrders(3_000)
         const [z] = await enqueueOrders(1)
-        // T enqueues while Z waits: its trigger sees a due, unclaimed row and skips the NOTIFY.
+        // T enqueues while Z waits: its wake-up check sees a due, unclaimed row and skips the NOTIFY.
         const trx = await t.db.startTransaction().execute()
         let late = ""
         try {

@@ -3,6 +3,9 @@
  * the per-key numbering on `partition_counters` (only when a row has a
  * partition key) and the outbox INSERT.
  *
+ * The INSERT also wakes idle relays (see `wakeCheck`): the NOTIFY that a
+ * trigger sent before migration 0013, asked only when needed.
+ *
  * The outbox INSERT is SQL text written once per schema.
  * Kysely's builder built and compiled the statement on every call, at a
  * large share of enqueue's client CPU (bench/enqueue.ts); the text depends on
@@ -39,21 +42,35 @@ interface OutboxValues extends EnqueueRow {
 const COLUMNS =
   "id, type, version, payload, headers, routing_key, partition_key, tenant_id, visible_at, partition_epoch, partition_seq"
 
-interface Texts {
+interface Inserts {
   /** One row with nothing but defaults beyond type, version, payload and headers: the common call. */
   readonly plain: string
   readonly one: string
   readonly many: string
 }
 
+/** Each INSERT as it is, and wrapped in the wake-up check (`wakeCheck`). */
+interface Texts {
+  readonly quiet: Inserts
+  readonly checked: Inserts
+}
+
 const texts = new Map<string, Texts>()
 
-/** `schema` must already be a validated identifier (`validateSchemaName`). */
+/**
+ * The INSERT in a statement that also asks `outbox_wake()` (migration 0013) whether to NOTIFY the
+ * relays: only when none of them is warm. NOTIFY is delivered at commit and dropped on rollback.
+ * The row it returns says whether it notified. A data-modifying CTE runs whether or not the
+ * outer query reads it, and the function sees the table as it was before the INSERT.
+ */
+const wakeCheck = (schema: string, insert: string): string =>
+  `WITH written AS (${insert}) SELECT "${schema}".outbox_wake() AS notified`
+
 const textsFor = (schema: string): Texts => {
   let t = texts.get(schema)
   if (t === undefined) {
     const table = `"${schema}".outbox`
-    t = {
+    const quiet: Inserts = {
       // Four parameters instead of twelve: each one is serialised by the driver and parsed by the
       // server on every call (visible_at's default is now(), the same as a delay of 0).
       plain: `INSERT INTO ${table} (id, type, version, payload, headers) VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)`,
@@ -69,6 +86,14 @@ const textsFor = (schema: string): Texts => {
         "FROM json_to_recordset($1::text::json) AS r(id uuid, type text, version integer, payload text, headers text, " +
         "routing_key text, partition_key text, tenant_id text, visible_at timestamptz, delay_ms bigint, " +
         "partition_epoch bigint, partition_seq bigint)",
+    }
+    t = {
+      quiet,
+      checked: {
+        plain: wakeCheck(schema, quiet.plain),
+        one: wakeCheck(schema, quiet.one),
+        many: wakeCheck(schema, quiet.many),
+      },
     }
     texts.set(schema, t)
   }
@@ -91,9 +116,46 @@ const statementOf = (text: string, parameters: ReadonlyArray<unknown>): Compiled
   return { sql: text, parameters, query, queryId: createQueryId() }
 }
 
-/** The INSERT for `rows` (at least one) into `schema`'s outbox. */
-const insertOutbox = (schema: string, rows: ReadonlyArray<OutboxValues>): CompiledQuery => {
-  const t = textsFor(schema)
+/**
+ * How long a process sends its INSERTs without the wake-up check after the check found a relay
+ * warm. A warm relay published within 50 ms before the check and keeps looking by itself for
+ * 150 ms after that publish, so it finds rows committed in this window too. At a steady load the
+ * check then runs about 40 times a second per process instead of once per transaction (it cost
+ * about a quarter of the server's work on a one-row enqueue transaction as a trigger, 0013).
+ * After a check that notified, the next INSERT checks again: that NOTIFY is lost if its
+ * transaction rolls back.
+ */
+export const QUIET_MS = 25
+
+/**
+ * Per database and schema, until when (performance.now()) this process's INSERTs skip the
+ * wake-up check. A database is what the executor runs on: a Kysely instance (its adapter, which
+ * its transactions share) or a plain client (each its own: a process writing to several
+ * databases with the same schema name must not skip one's check for another's answer).
+ */
+const quietUntil = new WeakMap<object, Map<string, number>>()
+
+/** Whether the next INSERT into `schema`'s outbox through `scope` asks whether to wake relays. */
+const wantsWakeCheck = (scope: object, schema: string): boolean => {
+  const until = quietUntil.get(scope)?.get(schema)
+  return until === undefined || performance.now() >= until
+}
+
+/** Takes in a wake-up check's answer: a statement that did not notify found a relay warm. */
+const checked = (scope: object, schema: string, notified: boolean): void => {
+  let bySchema = quietUntil.get(scope)
+  if (bySchema === undefined) {
+    bySchema = new Map()
+    quietUntil.set(scope, bySchema)
+  }
+  if (notified) bySchema.delete(schema)
+  else bySchema.set(schema, performance.now() + QUIET_MS)
+}
+
+/** The INSERT for `rows` (at least one) into `schema`'s outbox, with the wake-up check or without. */
+const insertOutbox = (schema: string, rows: ReadonlyArray<OutboxValues>, check: boolean): CompiledQuery => {
+  const texts = textsFor(schema)
+  const t = check ? texts.checked : texts.quiet
   if (rows.length === 1) {
     const r = rows[0]!
     if (
@@ -252,6 +314,7 @@ const isKysely = (executor: Executor): executor is Exclude<Executor, SqlClient> 
 const writeWith = async (
   db: Kysely<TxboxDatabase>,
   run: Run,
+  scope: object,
   schema: string,
   rows: ReadonlyArray<EnqueueRow>,
   keyed: boolean,
@@ -265,7 +328,8 @@ const writeWith = async (
     : []
   // Payload and headers are bound as text and cast: postgres.js would otherwise encode the JSON
   // string a second time. The text names the schema itself.
-  await run(
+  const check = wantsWakeCheck(scope, schema)
+  const notified = await run(
     insertOutbox(
       schema,
       rows.map((r, i) => {
@@ -279,8 +343,29 @@ const writeWith = async (
               partition_seq: at.seq,
             }
       }),
+      check,
     ),
   )
+  if (check) checked(scope, schema, notified[0]?.notified === true)
+}
+
+const databases = new Map<string, object>()
+
+/**
+ * The database a plain client writes to, for the wake-up check's quiet window: one object per
+ * server and database for a node-postgres client (a pool's clients share it), the client itself
+ * for a client that does not say where it is connected.
+ */
+const databaseOf = (client: SqlClient): object => {
+  const { host, port, database } = client as { host?: unknown; port?: unknown; database?: unknown }
+  if (typeof host !== "string" || typeof database !== "string") return client
+  const key = `${host}:${String(port)}/${database}`
+  let scope = databases.get(key)
+  if (scope === undefined) {
+    scope = { key }
+    databases.set(key, scope)
+  }
+  return scope
 }
 
 /**
@@ -296,9 +381,10 @@ const writeOnClient = async (
 ): Promise<void> => {
   const run: Run = (statement) =>
     client.query(statement.sql, statement.parameters as unknown[]).then((result) => result.rows)
-  if (!keyed) return writeWith(compiler, run, schema, rows, false)
+  const scope = databaseOf(client)
+  if (!keyed) return writeWith(compiler, run, scope, schema, rows, false)
   await client.query("SAVEPOINT txbox_enqueue")
-  await writeWith(compiler, run, schema, rows, true)
+  await writeWith(compiler, run, scope, schema, rows, true)
   await client.query("RELEASE SAVEPOINT txbox_enqueue")
 }
 
@@ -317,10 +403,13 @@ export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
   const db = (
     executor.getExecutor().plugins.length === 0 ? executor : executor.withoutPlugins()
   ) as Kysely<TxboxDatabase>
+  // The database, for the wake-up check's quiet window: the adapter a Kysely instance's transactions share.
+  const scope: object = executor.getExecutor().adapter ?? executor
   const write = (db: Kysely<TxboxDatabase>) =>
     writeWith(
       db,
       (statement) => db.executeQuery(statement).then((result) => result.rows),
+      scope,
       schema,
       rows,
       keyed,
