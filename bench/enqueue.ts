@@ -191,8 +191,6 @@ main(() =>
         orderOnly: round(runs[0]!.rate),
         orderWithEnqueue: round(runs[1]!.rate),
         orderWithRawOutboxInsert: round(runs[2]!.rate),
-        orderWithRawOutboxInsertNoNotify: round(runs[3]!.rate),
-        orderWithEnqueueNoNotify: round(runs[4]!.rate),
         enqueueOverOrderOnly: round(runs[1]!.rate / base, 3),
       }
       writeResult("enqueue", args, services, { summary, config, results: runs })
