@@ -486,6 +486,7 @@ async function runOnce(
               AMQP_URL: amqpUrl,
               EXCHANGE: exchange,
               STATS_MS: "1000",
+              HEAP: "0",
               BATCH: "",
               WORKERS: "",
               POLL_MS: "",

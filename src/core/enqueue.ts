@@ -69,9 +69,10 @@ const toRow = (
   traceparent: string | undefined,
 ): EnqueueRow | ValidationError => {
   const { contract, options = {} } = event
-  const id = options.messageId ?? uuidv7()
-  if (!isUuid(id))
-    return invalid(contract, "messageId", `messageId must be a UUID, got ${JSON.stringify(id)}`)
+  const given = options.messageId
+  if (given !== undefined && !isUuid(given))
+    return invalid(contract, "messageId", `messageId must be a UUID, got ${JSON.stringify(given)}`)
+  const id = given ?? uuidv7()
   let headers = "{}"
   if (options.headers !== undefined || traceparent !== undefined) {
     const given: Record<string, string> = {}

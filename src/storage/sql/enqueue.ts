@@ -357,16 +357,21 @@ const databases = new Map<string, object>()
  * for a client that does not say where it is connected.
  */
 const databaseOf = (client: SqlClient): object => {
+  let scope = clientDatabases.get(client)
+  if (scope !== undefined) return scope
   const { host, port, database } = client as { host?: unknown; port?: unknown; database?: unknown }
-  if (typeof host !== "string" || typeof database !== "string") return client
-  const key = `${host}:${String(port)}/${database}`
-  let scope = databases.get(key)
-  if (scope === undefined) {
-    scope = { key }
+  if (typeof host !== "string" || typeof database !== "string") scope = client
+  else {
+    const key = `${host}:${String(port)}/${database}`
+    scope = databases.get(key) ?? { key }
     databases.set(key, scope)
   }
+  clientDatabases.set(client, scope)
   return scope
 }
+
+/** A pool's clients live as long as their connections: each is looked up once. */
+const clientDatabases = new WeakMap<SqlClient, object>()
 
 /**
  * On a plain client: the statements as they are. Keyed rows must commit with their numbers, so
