@@ -91,5 +91,5 @@ export const TxboxSchema: Context.Reference<string> = Context.Reference<string>(
   defaultValue: () => "txbox",
 })
 
-/** The outbox's NOTIFY channel, as outbox_wake() sends on it (migration 0013) (the inbox's is per consumer: SqlInboxStore). */
+/** The outbox's NOTIFY channel, as outbox_wake() (migration 0013) sends on it; the inbox's is per consumer (SqlInboxStore). */
 export const notifyChannel = (schema: string, table: "outbox"): string => `${schema}.${table}`
