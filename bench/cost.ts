@@ -169,6 +169,9 @@ interface DatabaseWork {
  */
 const STATEMENTS_DIR = process.env.BENCH_PG_STATEMENTS || undefined
 
+/** BENCH_LATENCY_SPLIT=1: txbox runs also print where commit → handler goes (wait for a look, relay, delivery). */
+const LATENCY_SPLIT = process.env.BENCH_LATENCY_SPLIT === "1"
+
 const statementsReset = async (serverUrl: string) => {
   if (STATEMENTS_DIR === undefined) return
   const admin = postgres(serverUrl, { max: 1, onnotice: () => {} })
@@ -659,6 +662,22 @@ async function runOnce(
       SELECT percentile_disc(ARRAY[0.5, 0.99, 1]) WITHIN GROUP (ORDER BY extract(epoch FROM ${handledAt} - ${commitOf("o")}) * 1000) AS p,
              extract(epoch FROM max(${handledAt}) - max(${commitOf("o")})) AS drain
       FROM orders o JOIN bench.handled h USING (serial) WHERE o.run = 1`.execute(bench.db)
+    if (LATENCY_SPLIT && pipeline !== "hand" && clock === "commit") {
+      // Per message: order commit → the relay's claim (published_at is the claim transaction's now()),
+      // claim → the relay's commit (publish, confirm, mark), claim → the handler's commit.
+      const split = await sql<{ wait: number[]; relay: number[]; deliver: number[] }>`
+        SELECT percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM x.published_at - pg_xact_commit_timestamp(o.xmin)) * 1000) AS wait,
+               percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM pg_xact_commit_timestamp(x.xmin) - x.published_at) * 1000) AS relay,
+               percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - x.published_at) * 1000) AS deliver
+        FROM orders o JOIN bench.handled h USING (serial)
+          JOIN txbox.outbox x ON (x.payload::jsonb ->> 'serial')::int = o.serial
+        WHERE o.run = 1`.execute(bench.db)
+      const r = split.rows[0]!
+      const text = (xs: number[]) => xs.map((x) => Number(x).toFixed(1)).join(" / ")
+      log(
+        `${label}: latency split p50 / p90 / p99 ms: commit → claim ${text(r.wait)}; claim → relay commit ${text(r.relay)}; claim → handler commit ${text(r.deliver)}`,
+      )
+    }
     const p = (stats.rows[0]!.p ?? []).map(Number)
     const drainSeconds = Math.max(0, Number(stats.rows[0]!.drain ?? 0))
     const producerSeconds = done.seconds ?? config.seconds

@@ -470,7 +470,8 @@ describe("publish", () => {
     try {
       const batch = Array.from({ length: 20_000 }, (_, i) => message(i))
       const outcomes = await run(
-        { url: proxy.urlFor(amqpUrl()), exchange, publishWindow: 500 },
+        // One event per message: batch messages would carry all 20,000 in a few, confirmed before the cut.
+        { url: proxy.urlFor(amqpUrl()), exchange, publishWindow: 500, batchMessages: 1 },
         Effect.gen(function* () {
           const transport = yield* Transport
           const fiber = yield* Effect.forkChild(transport.publish(batch))
