@@ -3,11 +3,14 @@ import { spawn } from "node:child_process"
 import { Effect, Exit, Layer } from "effect"
 import { Kysely, sql } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
+import pg from "pg"
 import postgres from "postgres"
-import { Database } from "../../src/ports/Database.ts"
+import * as Outbox from "../../src/Outbox.ts"
+import { Database, TxboxSchema } from "../../src/ports/Database.ts"
 import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
 import { migrations } from "../../src/storage/sql/migrations.generated.ts"
 import { migrate, pending } from "../../src/storage/sql/migrator.ts"
+import { OrderPlaced } from "../fixtures/orders-v1.ts"
 import { createTestDatabase, type TestDatabase } from "../support/db.ts"
 import { storeOf } from "../support/txbox.ts"
 
@@ -173,6 +176,45 @@ describe("the PostgreSQL store", () => {
     ] as const) {
       const exit = await Effect.runPromiseExit(Effect.provide(Effect.void, PgStore.layer(config)))
       expect(String(Exit.isFailure(exit) && exit.cause)).toContain(message)
+    }
+  })
+})
+
+describe("a txbox newer than its schema", () => {
+  test("enqueue on a schema without migration 0013 (or without txbox's tables) fails saying `txbox migrate`, and writes nothing", async () => {
+    const before13 = migrations.filter((m) => m.version < 13)
+    await Effect.runPromise(migrate(db, { schema: "behind", migrations: before13 }))
+    const client = new pg.Client({ connectionString: test_db.url })
+    await client.connect()
+    try {
+      const enqueueIn = (schema: string, executor: Outbox.Executor) =>
+        Effect.runPromiseExit(
+          Effect.provideService(
+            Outbox.enqueue(executor, OrderPlaced, {
+              orderId: crypto.randomUUID(),
+              total: 1,
+              currency: "EUR",
+            }),
+            TxboxSchema,
+            schema,
+          ),
+        )
+      for (const schema of ["behind", "no_tables"]) {
+        // Through Kysely and through a node-postgres client, each in the caller's transaction.
+        const viaKysely = await db.transaction().execute((trx) => enqueueIn(schema, trx))
+        await client.query("BEGIN")
+        const viaClient = await enqueueIn(schema, client)
+        await client.query("ROLLBACK")
+        for (const exit of [viaKysely, viaClient]) {
+          const failure = Exit.isFailure(exit) ? String(exit.cause) : "succeeded"
+          expect(failure).toContain("StoreError")
+          expect(failure).toContain("run `txbox migrate`")
+        }
+      }
+      const rows = await sql<{ n: number }>`SELECT count(*)::int AS n FROM behind.outbox`.execute(db)
+      expect(rows.rows[0]!.n).toBe(0)
+    } finally {
+      await client.end()
     }
   })
 })

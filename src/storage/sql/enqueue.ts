@@ -28,6 +28,7 @@ import {
 } from "kysely"
 import { formatKeyRoutes, type KeyRoutes, withHeader } from "../../core/keyRoutes.ts"
 import { PARTITION_ROUTES_HEADER } from "../../core/position.ts"
+import type { StoreError } from "../../Errors.ts"
 import type { EnqueueRow, Executor, SqlClient, WriteOutbox } from "../../ports/OutboxWriter.ts"
 import type { PartitionPosition } from "../../ports/Transport.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
@@ -394,13 +395,33 @@ const writeOnClient = async (
   await client.query("RELEASE SAVEPOINT txbox_enqueue")
 }
 
+/**
+ * Enqueue's failure as a `StoreError`, saying what to do when the schema is behind this txbox: new
+ * code that meets an unmigrated schema (0013's `outbox_wake()` missing, or no outbox at all) gets
+ * PostgreSQL's "does not exist", which does not say that `txbox migrate` is the fix.
+ */
+const enqueueError = (cause: unknown): StoreError => {
+  const code = typeof cause === "object" && cause !== null ? (cause as { code?: unknown }).code : undefined
+  const message = cause instanceof Error ? cause.message : String(cause)
+  const behind =
+    (code === "42883" && message.includes("outbox_wake")) || (code === "42P01" && message.includes("outbox"))
+  if (!behind) return classifyDbError("Outbox.enqueue", cause)
+  const hinted = Object.assign(
+    new Error(`${message} (txbox's schema is behind this version of txbox: run \`txbox migrate\`)`, {
+      cause,
+    }),
+    { code },
+  )
+  return classifyDbError("Outbox.enqueue", hinted)
+}
+
 /** The `WriteOutbox` port in SQL: numbers the keyed rows, then one INSERT. */
 export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
   const keyed = rows.some((r) => r.partition_key !== null)
   if (!isKysely(executor)) {
     return Effect.tryPromise({
       try: () => writeOnClient(executor, schema, rows, keyed),
-      catch: (cause) => classifyDbError("Outbox.enqueue", cause),
+      catch: enqueueError,
     })
   }
   // The caller's plugins (a CamelCasePlugin, say) would rename txbox's columns and result rows:
@@ -424,6 +445,6 @@ export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
     // Numbers and rows must commit together, or a key would have a gap its consumers wait on
     // forever: outside a transaction, enqueue opens one of its own.
     try: () => (keyed && !executor.isTransaction ? db.transaction().execute(write) : write(db)),
-    catch: (cause) => classifyDbError("Outbox.enqueue", cause),
+    catch: enqueueError,
   })
 }
