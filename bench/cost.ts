@@ -664,18 +664,29 @@ async function runOnce(
       FROM orders o JOIN bench.handled h USING (serial) WHERE o.run = 1`.execute(bench.db)
     if (LATENCY_SPLIT && pipeline !== "hand" && clock === "commit") {
       // Per message: order commit → the relay's claim (published_at is the claim transaction's now()),
-      // claim → the relay's commit (publish, confirm, mark), claim → the handler's commit.
-      const split = await sql<{ wait: number[]; relay: number[]; deliver: number[] }>`
+      // claim → the relay's commit (publish, confirm, mark), claim → the handler's commit (the inbox
+      // row's received_at is its transaction's now()).
+      const split = await sql<{
+        wait: number[]
+        relay: number[]
+        deliver: number[]
+        arrive: number[]
+        inbox: number[]
+      }>`
         SELECT percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM x.published_at - pg_xact_commit_timestamp(o.xmin)) * 1000) AS wait,
                percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM pg_xact_commit_timestamp(x.xmin) - x.published_at) * 1000) AS relay,
-               percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - x.published_at) * 1000) AS deliver
+               percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - x.published_at) * 1000) AS deliver,
+               percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM i.received_at - x.published_at) * 1000) AS arrive,
+               percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - i.received_at) * 1000) AS inbox
         FROM orders o JOIN bench.handled h USING (serial)
-          JOIN txbox.outbox x ON (x.payload::jsonb ->> 'serial')::int = o.serial
+          JOIN txbox.outbox x ON (x.payload ->> 'serial')::int = o.serial
+          JOIN txbox.inbox i ON i.message_id = x.id::text
         WHERE o.run = 1`.execute(bench.db)
       const r = split.rows[0]!
       const text = (xs: number[]) => xs.map((x) => Number(x).toFixed(1)).join(" / ")
       log(
-        `${label}: latency split p50 / p90 / p99 ms: commit → claim ${text(r.wait)}; claim → relay commit ${text(r.relay)}; claim → handler commit ${text(r.deliver)}`,
+        `${label}: latency split p50 / p90 / p99 ms: commit → claim ${text(r.wait)}; claim → relay commit ${text(r.relay)}; claim → handler commit ${text(r.deliver)} ` +
+          `(claim → inbox transaction start ${text(r.arrive)}, its start → commit ${text(r.inbox)})`,
       )
     }
     const p = (stats.rows[0]!.p ?? []).map(Number)

@@ -153,9 +153,10 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
 /** At a steady load a worker claims this often: the batch grows with the rate, the claims do not. */
 const RELOOK_MS = 25
 /**
- * A look that finds fewer rows waits twice RELOOK_MS: a look costs about the same whatever its size
- * at low rates, so below ~800 msg/s a worker looks every 50 ms (the hand-written relay's cadence in
- * bench/cost.ts) and its batches grow instead; above, every 25 ms, for the latency.
+ * While fewer rows than this come in per 2 × RELOOK_MS, the looks come every 2 × RELOOK_MS: a look
+ * costs about the same whatever its size at low rates, so below 400 msg/s a worker looks every
+ * 50 ms (the hand-written relay's cadence in bench/cost.ts) and its batches grow instead; above,
+ * every 25 ms (from one look's start to the next), for the latency.
  */
 const FEW_ROWS = 20
 /**

@@ -28,6 +28,12 @@ export interface BatcherOptions {
   readonly concurrency?: number
   /** Items in one flush at most. @default Infinity */
   readonly maxSize?: number
+  /**
+   * What waits is spread over the free flushes, this many items or more to each: a flush whose
+   * items take a while each (handlers, one after another) ends sooner in parts, while a part
+   * this size still spreads the flush's own cost. @default Infinity (all together)
+   */
+  readonly minShare?: number
 }
 
 interface Waiting<I, O, E> {
@@ -43,6 +49,7 @@ export const makeBatcher = <I, O, E>(
 ): Batcher<I, O, E> => {
   const concurrency = options.concurrency ?? Number.POSITIVE_INFINITY
   const maxSize = options.maxSize ?? Number.POSITIVE_INFINITY
+  const minShare = Math.max(1, options.minShare ?? Number.POSITIVE_INFINITY)
   let queue: Array<Waiting<I, O, E>> = []
   let running = 0
   let scheduled = false
@@ -77,9 +84,11 @@ export const makeBatcher = <I, O, E>(
     queueMicrotask(() => {
       scheduled = false
       while (running < concurrency && queue.length > 0) {
-        // What waits goes together, not spread over the free flushes: a flush's cost is mostly
-        // per flush (a transaction's BEGIN and COMMIT are round trips), not per item.
-        const size = Math.min(maxSize, queue.length)
+        // What waits goes together, spread over the free flushes only in shares of minShare or
+        // more: a flush's cost is mostly per flush (a transaction's BEGIN and COMMIT are round
+        // trips), not per item.
+        const parts = Math.max(1, Math.min(concurrency - running, Math.floor(queue.length / minShare)))
+        const size = Math.min(maxSize, Math.ceil(queue.length / parts))
         start(queue.slice(0, size))
         queue = queue.slice(size)
       }

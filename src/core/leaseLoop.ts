@@ -11,7 +11,8 @@
  *   than `warmMs` has passed since it (a producer may commit a while after
  *   its insert decided not to wake anyone: the looks thin out, and an idle
  *   loop stops looking after a handful). At a steady load a loop thus claims
- *   every `relookMs` (every other one while its batches are small: `fewRows`),
+ *   every `relookMs` from one look's start to the next (every other one while
+ *   the rows come in slowly: `fewRows`),
  *   whatever the rate: the batches grow with the load instead of the claims;
  * - otherwise wait for a wake-up (NOTIFY) or the poll interval, and never
  *   claim again within `relookMs` of the last cycle: a burst of wake-ups is
@@ -73,9 +74,10 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
   /** …for this long after it… @default relookMs */
   readonly hotMs?: number
   /**
-   * A look that claims fewer rows than this (but some) waits twice `relookMs`
-   * for the next: at a low rate each look costs about what a full one does,
-   * so it waits for more. @default 0 (off)
+   * While rows come in slower than this many per 2 × `relookMs` (a look's
+   * rows over the time since the look before it), the follow-up looks come
+   * every 2 × `relookMs`: at a low rate each look costs about what a full one
+   * does, so it waits for more. @default 0 (off)
    */
   readonly fewRows?: number
   /** …then at doubling intervals until this long has passed since the last cycle that claimed any. */
@@ -102,10 +104,13 @@ const defectMessage = (cause: Cause.Cause<unknown>): string => {
   return `defect: ${defect instanceof Error ? `${defect.name}: ${defect.message}` : String(defect)}`
 }
 
-/** Runs the loop until interrupted; never fails and never ends by itself. */
-export const runLeaseLoop = <E extends { readonly message: string; readonly retryable: boolean }>(
+/**
+ * One cycle, recorded in the loop's state: a success as such, every other end (a failure, a
+ * defect) logged and turned into one failure to back off on.
+ */
+const recordedCycle = <E extends { readonly message: string; readonly retryable: boolean }>(
   loop: LeaseLoop<E>,
-): Effect.Effect<never> => {
+): Effect.Effect<number, "failed"> => {
   const { state } = loop
   const recordFailure = (message: string) =>
     Effect.map(Clock.currentTimeMillis, (now) => {
@@ -148,15 +153,36 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   // Every way a cycle can end short of success is recorded and becomes one failure to back off on:
   // a defect must not end the loop for good. (A cycle is uninterruptible, so an interruption in its
   // cause is its own doing; a shutdown's is held back and ends the loop in the wait that follows.)
-  const attempt = Effect.matchCauseEffect(Effect.uninterruptible(loop.cycle), {
+  return Effect.matchCauseEffect(Effect.uninterruptible(loop.cycle), {
     onSuccess: (claimed) => Effect.as(succeeded, claimed),
     onFailure: (cause) => {
       const error = Cause.findErrorOption(cause)
-      return Effect.andThen(Option.isSome(error) ? failed(error.value) : died(cause), Effect.fail("failed"))
+      return Effect.andThen(
+        Option.isSome(error) ? failed(error.value) : died(cause),
+        Effect.fail("failed" as const),
+      )
     },
   })
+}
+
+/** Runs the loop until interrupted; never fails and never ends by itself. */
+export const runLeaseLoop = <E extends { readonly message: string; readonly retryable: boolean }>(
+  loop: LeaseLoop<E>,
+): Effect.Effect<never> => {
+  const { state } = loop
+  const attempt = recordedCycle(loop)
+  // When the cycle that just ended began: the follow-up looks keep their cadence from one look's
+  // start to the next, whatever the cycle took (a publish waits for its confirms).
+  let cycleStart = Number.NEGATIVE_INFINITY
+  // …and the one before it: a look's rows came in between, which gives the rate (none before the
+  // first look: its rows could have waited any time).
+  let previousStart = Number.NEGATIVE_INFINITY
   // Unbounded: infrastructure comes back, and the loop must still be there.
-  const step = Effect.retry(attempt, { schedule: schedule(loop.outage) }).pipe(Effect.orDie)
+  const step = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+    previousStart = cycleStart
+    cycleStart = now
+    return Effect.retry(attempt, { schedule: schedule(loop.outage) })
+  }).pipe(Effect.orDie)
   const relookMs = loop.relookMs === undefined ? 0 : Math.min(loop.relookMs, loop.pollMs)
   const hotMs = Math.max(relookMs, loop.hotMs ?? relookMs)
   const warmMs = Math.max(hotMs, loop.warmMs ?? hotMs)
@@ -210,7 +236,10 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
         hotUntil = now + hotMs
         warmUntil = now + warmMs
         nextRelookMs = relookMs * 2
-        hotWait = claimed < fewRows ? relookMs * 2 : relookMs
+        // By the rate, not the batch: rows per 2 × relookMs, whichever cadence found them. A
+        // batch near fewRows at the short cadence would flip it to the long one at every dip.
+        const gathered = Math.max(relookMs, cycleStart - previousStart)
+        hotWait = (claimed * 2 * relookMs) / gathered < fewRows ? relookMs * 2 : relookMs
         // The worker that claimed rows last looks again: its publish is what makes producers skip
         // their wake-up (migration 0007), so its looks must follow.
         state.relooker = self
@@ -221,7 +250,10 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
       // Follow-up looks are one worker's job: W workers looking every relookMs found the same rows W
       // times over, or nothing (issue #25). The others wait for a wake-up, a nudge or the poll.
       const relooking = state.relooker === self
-      if (relooking && now < hotUntil) return Effect.sleep(Math.min(hotWait, toPoll))
+      if (relooking && now < hotUntil) {
+        const wait = Math.min(hotWait - (now - cycleStart), toPoll)
+        return wait > 0 ? Effect.sleep(wait) : Effect.yieldNow
+      }
       if (!relooking || now >= warmUntil) {
         if (relooking) state.relooker = undefined
         return Effect.flatMap(untilDue(toPoll), awoken)

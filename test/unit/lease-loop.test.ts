@@ -20,6 +20,8 @@ const cycleTimes = (
     notifyAt?: ReadonlyArray<number>
     /** Workers sharing the loop (its state and wake-up), as a relay's do. @default 1 */
     workers?: number
+    /** How long each cycle takes. @default 0 */
+    cycleMs?: number
   } = {},
 ) =>
   Effect.runPromise(
@@ -29,6 +31,7 @@ const cycleTimes = (
       let i = 0
       const cycle = Effect.gen(function* () {
         times.push(yield* Clock.currentTimeMillis)
+        if (options.cycleMs) yield* Effect.sleep(options.cycleMs)
         return script[i++] ?? 0
       })
       const loop = {
@@ -51,7 +54,12 @@ const cycleTimes = (
         if (options.notifyAt?.includes(t)) wake.notify()
         yield* TestClock.adjust(5)
       }
-      for (const fiber of fibers) yield* Fiber.interrupt(fiber)
+      for (const fiber of fibers) {
+        // A cycle in flight is uninterruptible: the clock must move for its sleep to end.
+        const stopping = yield* Effect.forkChild(Fiber.interrupt(fiber))
+        if (options.cycleMs) yield* TestClock.adjust(options.cycleMs)
+        yield* Fiber.join(stopping)
+      }
       return times
     }).pipe(Effect.provide(TestClock.layer())),
   )
@@ -84,14 +92,24 @@ test("a steady load: each look finds rows, so the loop claims every relookMs", a
   expect(times.slice(0, 7)).toEqual([0, 10, 20, 30, 40, 50, 60])
 })
 
-test("small batches (fewer than fewRows) wait twice relookMs for the next look; a bigger one brings it back", async () => {
+test("while rows come in slower than fewRows per 2 × relookMs, the looks come every 2 × relookMs; a faster rate brings them back", async () => {
   const times = await cycleTimes([3, 2, 9, 4, 5, 6], 100, {
     relookMs: 10,
     hotMs: 50,
     fewRows: 8,
     warmMs: 1000,
   })
-  expect(times.slice(0, 6)).toEqual([0, 20, 40, 50, 70, 90])
+  // 3 rows (first look: no rate yet) and 2 in 20 ms: slow. 9 in 20 ms: fast, next after 10; 4 in
+  // those 10 ms is the same rate (8 per 20 ms), so the cadence stays, though the batch is small.
+  expect(times.slice(0, 6)).toEqual([0, 20, 40, 50, 60, 70])
+})
+
+test("the follow-up looks keep their cadence from one look's start to the next, whatever the cycle takes", async () => {
+  const times = await cycleTimes([5, 5, 5, 5], 60, { relookMs: 10, hotMs: 50, warmMs: 1000, cycleMs: 5 })
+  expect(times.slice(0, 4)).toEqual([0, 10, 20, 30])
+  // A cycle longer than the cadence: the next look at once.
+  const slow = await cycleTimes([5, 5, 5], 60, { relookMs: 10, hotMs: 50, warmMs: 1000, cycleMs: 15 })
+  expect(slow.slice(0, 3)).toEqual([0, 15, 30])
 })
 
 test("a look that finds rows starts the doubling again from relookMs", async () => {
