@@ -3,11 +3,12 @@
  * given, and how one runs (its span, its duration metric, its failure as a
  * value the verdict rule reads).
  */
-import { Cause, Effect } from "effect"
+import { Cause, Clock, Effect } from "effect"
 import type { Transaction } from "kysely"
 import type { AnyContract, PayloadOf } from "../Contract.ts"
 import * as Metrics from "../Metrics.ts"
 import type { MessagingIdentity, PartitionPosition } from "../ports/Transport.ts"
+import { cutShortOnTimer, onLiveClock } from "./liveClock.ts"
 import { isTracing, parentFromTraceparent } from "./trace.ts"
 
 /** What a handler knows about the message besides its payload. */
@@ -149,15 +150,25 @@ export const watchdog = <A, E, E2>(
   statementsMs: number,
   onTimeout: (index: number | undefined) => E2,
 ): Effect.Effect<A, E | E2> =>
-  Effect.clockWith((clock) => {
+  Effect.withFiber((parent) => {
+    const clock = parent.getRef(Clock.Clock)
     const running: Running = { index: -1, since: clock.currentTimeMillisUnsafe() }
     const look = Math.max(1, Math.min(handlerMs, statementsMs) / 4)
-    const guard: Effect.Effect<never, E2> = Effect.suspend(() => {
+    /** Ms to wait before the next look, or the failure when a deadline has passed. */
+    const next = (): number | { readonly fail: E2 } => {
       const limit = running.index >= 0 ? handlerMs : statementsMs
       const left = running.since + limit - clock.currentTimeMillisUnsafe()
       return left <= 0
-        ? Effect.fail(onTimeout(running.index >= 0 ? running.index : undefined))
-        : Effect.flatMap(Effect.sleep(Math.min(left, look)), () => guard)
+        ? { fail: onTimeout(running.index >= 0 ? running.index : undefined) }
+        : Math.min(left, look)
+    }
+    // A timer on the live clock (no fiber of its own per transaction); a sleeping fiber otherwise.
+    if (onLiveClock(parent)) return cutShortOnTimer(parent, transaction(running), look, next)
+    const guard: Effect.Effect<never, E2> = Effect.suspend(() => {
+      const answer = next()
+      return typeof answer === "number"
+        ? Effect.flatMap(Effect.sleep(answer), () => guard)
+        : Effect.fail(answer.fail)
     })
     return Effect.raceFirst(Effect.interruptible(transaction(running)), Effect.interruptible(guard))
   })
