@@ -154,11 +154,13 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
 const RELOOK_MS = 25
 /**
  * While fewer rows than this come in per 2 × RELOOK_MS, the looks come every 2 × RELOOK_MS: a look
- * costs about the same whatever its size at low rates, so below 400 msg/s a worker looks every
+ * costs about the same whatever its size at low rates, so below 800 msg/s a worker looks every
  * 50 ms (the hand-written relay's cadence in bench/cost.ts) and its batches grow instead; above,
- * every 25 ms (from one look's start to the next), for the latency.
+ * every 25 ms (from one look's start to the next), for the latency. Per relay process: two relays
+ * at 1,000 msg/s each see half, and at 400 msg/s each they claimed twice as often for no gain
+ * (PostgreSQL 1.28× the hand-written pipeline's in bench/cost.ts 2 + 2).
  */
-const FEW_ROWS = 20
+const FEW_ROWS = 40
 /**
  * Producers skip the NOTIFY while a row was published within 50 ms (migration 0007): a look must
  * come after that window has closed, however long the wait between looks (2 × RELOOK_MS).
