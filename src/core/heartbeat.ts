@@ -34,7 +34,7 @@ export const holdingLease = <A, E, R>(
 
 /**
  * The same on a timer: no fiber until a beat is due, which a batch that ends within a third of its
- * lease never sees (a fiber forked and interrupted per batch was a tenth of the relay's own CPU).
+ * lease never sees (the fiber version forked one and interrupted it for every batch).
  */
 const onTimer = <A, E, R>(
   parent: Fiber.Fiber<unknown, unknown>,
@@ -44,6 +44,7 @@ const onTimer = <A, E, R>(
   work: Effect.Effect<A, E, R>,
 ): Effect.Effect<A, E, R> => {
   let left = beats
+  let stopped = false
   let extending: Fiber.Fiber<void> | undefined
   let timer: ReturnType<typeof setTimeout> | undefined
   const next = () => {
@@ -52,11 +53,10 @@ const onTimer = <A, E, R>(
       extending = Effect.runForkWith(parent.context as never)(beat)
       extending.addObserver(() => {
         extending = undefined
-        if (--left > 0 && stopped === false) next()
+        if (--left > 0 && !stopped) next()
       })
     }, every)
   }
-  let stopped = false
   next()
   return Effect.onExit(work, () =>
     Effect.suspend(() => {
