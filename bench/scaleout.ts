@@ -1,14 +1,33 @@
-// Scale-out: one relay process against two draining the same backlog (FOR UPDATE SKIP LOCKED
-// hands each claim different rows). Each relay is a process of its own (support/relayProcess.ts);
-// all connect first, then start together.
+// Scale-out, two ways:
+// - steady: producers at a fixed low rate, 1 → 16 relay processes (and inbox processes), the
+//   whole pipeline with txbox's defaults (bench/cost.ts's machinery, run as a child): msg/s, commit →
+//   handler p50/p99, the relays' claims per second and the share that found nothing, and PostgreSQL's
+//   CPU per message against one relay + one inbox process (issue #25's goals);
+// - drain: one relay process against more draining the same backlog (FOR UPDATE SKIP LOCKED hands
+//   each claim different rows). Each relay is a process of its own (support/relayProcess.ts); all
+//   connect first, then start together.
 //
-//   bun bench/scaleout.ts [--quick] [--backlog 200000] [--processes 1,2] [--batch 1000] [--workers 2]
-//                         [--queue quorum]
+//   bun bench/scaleout.ts [--quick] [--modes steady,drain] [--rate 100] [--seconds 15]
+//                         [--topologies 1+1,4+1,16+1,4+4,16+16]
+//                         [--backlog 200000] [--processes 1,2] [--batch 1000] [--workers 2] [--queue quorum]
+import { spawnSync } from "node:child_process"
+import { mkdtempSync, readFileSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { declareSink, type QueueType } from "./support/amqp.ts"
 import { spawnRelay } from "./support/children.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
 import { createBenchDatabase, fillOutbox, outboxStatus } from "./support/db.ts"
-import { log, main, parseArgs, printTable, round, withServices, writeResult } from "./support/harness.ts"
+import {
+  BENCH_DIR,
+  log,
+  main,
+  parseArgs,
+  printTable,
+  round,
+  withServices,
+  writeResult,
+} from "./support/harness.ts"
 
 const args = parseArgs()
 const quick = args.quick
@@ -18,6 +37,86 @@ const config = {
   batchSize: args.number("batch", 1000),
   workers: args.number("workers", 2),
   queueType: args.string("queue", "quorum") as QueueType,
+  modes: args.string("modes", "steady,drain").split(","),
+  rate: args.number("rate", 100),
+  seconds: args.number("seconds", quick ? 5 : 15),
+  topologies: args.string("topologies", quick ? "1+1,4+1" : "1+1,4+1,16+1,4+4,16+16"),
+}
+
+/** What bench/cost.ts wrote for one topology (its results/cost.json's runs). */
+interface CostRun {
+  readonly topology: string
+  readonly e2eRate: number
+  readonly p50: number
+  readonly p99: number
+  readonly usPerMessage: Readonly<Record<string, number | undefined>>
+  readonly claims: { readonly perSecond: number; readonly empty: number } | undefined
+}
+
+/**
+ * The steady part: bench/cost.ts with txbox's pipeline only, at `rate`, over the topologies, its
+ * results written to a directory of its own (results/cost.json stays the cost bench's).
+ */
+const steady = (): ReadonlyArray<CostRun> => {
+  const dir = mkdtempSync(join(tmpdir(), "txbox-scaleout-"))
+  try {
+    const child = spawnSync(
+      process.execPath,
+      [
+        join(BENCH_DIR, "cost.ts"),
+        "--pipelines",
+        "txbox",
+        "--loads",
+        String(config.rate),
+        "--topologies",
+        config.topologies,
+        "--rounds",
+        "1",
+        "--seconds",
+        String(config.seconds),
+        "--warmup",
+        "3",
+        ...(quick ? ["--quick"] : []),
+      ],
+      { stdio: ["ignore", "inherit", "inherit"], env: { ...process.env, TXBOX_BENCH_RESULTS_DIR: dir } },
+    )
+    if (child.status !== 0) throw new Error(`bench/cost.ts ended with ${child.status ?? child.signal}`)
+    return (JSON.parse(readFileSync(join(dir, "cost.json"), "utf8")) as { results: CostRun[] }).results
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+const printSteady = (runs: ReadonlyArray<CostRun>): Record<string, number> => {
+  const base = runs.find((r) => r.topology === "1+1") ?? runs[0]!
+  const pgBase = base.usPerMessage.postgres
+  printTable(
+    `Relay + inbox processes at ${config.rate} msg/s offered (txbox's defaults, bench/cost.ts): PostgreSQL µs per message against ${base.topology}'s`,
+    ["relay+inbox", "msg/s", "p50 ms", "p99 ms", "p99 ×", "claims/s", "empty %", "relay µs", "pg µs", "pg ×"],
+    runs.map((r) => [
+      r.topology,
+      Math.round(r.e2eRate),
+      round(r.p50, 0),
+      round(r.p99, 0),
+      round(r.p99 / base.p99, 2),
+      r.claims === undefined ? undefined : round(r.claims.perSecond, 1),
+      r.claims === undefined ? undefined : Math.round(r.claims.empty * 100),
+      r.usPerMessage.relay === undefined ? undefined : Math.round(r.usPerMessage.relay),
+      r.usPerMessage.postgres === undefined ? undefined : Math.round(r.usPerMessage.postgres),
+      r.usPerMessage.postgres === undefined || pgBase === undefined
+        ? undefined
+        : round(r.usPerMessage.postgres / pgBase, 2),
+    ]),
+  )
+  const summary: Record<string, number> = {}
+  for (const r of runs) {
+    const k = r.topology.replace("+", "_")
+    summary[`steady_p99_ms_${k}`] = round(r.p99, 1)
+    if (r.claims) summary[`steady_empty_claims_${k}`] = round(r.claims.empty, 3)
+    if (r.usPerMessage.postgres !== undefined && pgBase !== undefined)
+      summary[`steady_pg_ratio_${k}`] = round(r.usPerMessage.postgres / pgBase, 3)
+  }
+  return summary
 }
 
 interface Run {
@@ -30,8 +129,13 @@ interface Run {
   readonly cpu: CpuUse
 }
 
-main(() =>
-  withServices(async (services) => {
+main(async () => {
+  const steadySummary = config.modes.includes("steady") ? printSteady(steady()) : {}
+  if (!config.modes.includes("drain")) {
+    writeResult("scaleout", args, undefined, { summary: steadySummary, config, results: [] })
+    return
+  }
+  await withServices(async (services) => {
     const meter = cpuMeter({
       postgresPort: portOf(services.databaseUrl),
       rabbitPort: portOf(services.amqpUrl),
@@ -112,12 +216,12 @@ main(() =>
           r.duplicates,
         ]),
       )
-      const summary: Record<string, number> = {}
+      const summary: Record<string, number> = { ...steadySummary }
       for (const r of runs) summary[`processes${r.processes}`] = round(r.rate)
       if (runs.length > 1) summary.speedup = round(runs.at(-1)!.rate / base, 3)
       writeResult("scaleout", args, services, { summary, config, results: runs })
     } finally {
       await bench.drop()
     }
-  }),
-)
+  })
+})

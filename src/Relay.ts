@@ -162,10 +162,11 @@ const RELOOK_MS = 25
  */
 const FEW_ROWS = 40
 /**
- * Producers skip the NOTIFY while a row was published within 50 ms (migration 0007): a look must
- * come after that window has closed, however long the wait between looks (2 × RELOOK_MS).
+ * Producers skip the NOTIFY while a row was published within 100 ms (migration 0014), and for
+ * 25 ms more after asking (storage/sql/enqueue.ts's QUIET_MS): a look must come after that window
+ * has closed, with room for their commits, however long the wait between looks (2 × RELOOK_MS).
  */
-const HOT_MS = 150
+const HOT_MS = 200
 const WARM_MS = 1_000
 
 /** Starts the relay's workers in the current scope; closing the scope stops them gracefully. */
@@ -189,14 +190,16 @@ export const make = (
       (e) => `relay: LISTEN unavailable, polling only: ${e.message}`,
     )
 
-    const cycle = relayCycle(store, transport, c, counters)
+    // Whether another relay process's looks cover this one's (core/relayCycle.ts's LookCover).
+    const cover = { covered: false }
+    const cycle = relayCycle(store, transport, c, counters, cover)
     const loop = {
       name: "relay",
       cycle,
       batchSize: c.batchSize,
       pollMs: c.pollMs,
-      // Producers skip the NOTIFY while a relay published within the last 50 ms or a committed
-      // row is due and unclaimed (migration 0007), and such a producer may commit after this
+      // Producers skip the NOTIFY while a relay published within the last 100 ms or a committed
+      // row is due and unclaimed (migrations 0013, 0014), and such a producer may commit after this
       // worker's last look: after a cycle that claimed rows it looks again every RELOOK_MS (2× after
       // fewer than FEW_ROWS) for HOT_MS, then after 2×, 4× … for WARM_MS, which bounds that row's wait unless its
       // transaction stays open longer than that after enqueue.
@@ -204,6 +207,7 @@ export const make = (
       hotMs: HOT_MS,
       fewRows: FEW_ROWS,
       warmMs: WARM_MS,
+      covered: () => cover.covered,
       // A row due by time (a delay, a retry's backoff, a dead relay's lease) wakes nobody: with a
       // poll interval over a second, a wait ends when the next pending row is due.
       ...(store.nextDueMs === undefined

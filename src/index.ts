@@ -54,6 +54,7 @@ export {
 } from "./ports/InboxStore.ts"
 export type { Claim, Verdict } from "./ports/lease.ts"
 export {
+  type OutboxClaim,
   type OutboxMark,
   type OutboxMessage,
   OutboxStore,

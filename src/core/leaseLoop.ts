@@ -87,6 +87,13 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
    * pending. Asked only before a wait longer than `LONG_WAIT_MS`; a failed probe just waits.
    */
   readonly nextDueMs?: Effect.Effect<number | undefined, unknown>
+  /**
+   * Asked after a cycle that did not fill its batch: whether another process's looks cover this
+   * worker's (the relay: one ranked before it publishes at a low rate; core/relayCycle.ts). This
+   * worker then leaves the follow-up looks to it, and its polls thin out while that lasts, to one
+   * in 2, 4, then 8 poll intervals; a wake-up still ends a wait at once.
+   */
+  readonly covered?: () => boolean
   /** Backoff between failed cycles. */
   readonly outage: RetryPolicy
   readonly wake: Signal
@@ -95,6 +102,8 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
 
 /** Waits longer than this ask `nextDueMs` first: a row due by time waits about this long at most. */
 export const LONG_WAIT_MS = 1000
+/** Polls skipped per wait at most while another process's looks cover this one's: one poll in 8. */
+const MAX_SKIPPED_POLLS = 7
 /** The shortest wait for a row the probe says is due: one that is due but locked is not spun on. */
 const MIN_DUE_WAIT_MS = 50
 
@@ -198,6 +207,8 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   const self = {}
   // When the last cycle ended: a wake-up within relookMs of it waits for the rest.
   let lastEnd = 0
+  // Poll intervals skipped per wait while another process's looks cover this one's: 0, 1, 3, 7.
+  let skippedPolls = 0
   // Polls fall on this time plus whole poll intervals (the last cycle that claimed rows): the
   // second looks come between polls and never shift them.
   let anchor: number | undefined
@@ -246,7 +257,13 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
       }
       anchor ??= now
       const sinceTick = (now - anchor) % loop.pollMs
-      const toPoll = loop.pollMs - sinceTick
+      let toPoll = loop.pollMs - sinceTick
+      // Another process looks for both: leave the follow-up looks to it (issue #25).
+      const covered = loop.covered?.() === true
+      if (covered && state.relooker === self) state.relooker = undefined
+      // Its polls thin out too, whether or not they found a row or two: that one would have.
+      skippedPolls = covered ? Math.min(skippedPolls * 2 + 1, MAX_SKIPPED_POLLS) : 0
+      toPoll += skippedPolls * loop.pollMs
       // Follow-up looks are one worker's job: W workers looking every relookMs found the same rows W
       // times over, or nothing (issue #25). The others wait for a wake-up, a nudge or the poll.
       const relooking = state.relooker === self

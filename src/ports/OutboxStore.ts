@@ -45,6 +45,18 @@ export interface OutboxMark {
   readonly verdict: Verdict
 }
 
+/** What a claim took, and what it saw of the other relays. */
+export interface OutboxClaim extends Claim<OutboxMessage> {
+  /**
+   * The last message any relay marked sent, as the claim saw it: how long before the claim (ms,
+   * the database's clock), and whether the relay process that claimed it ranks before this store's
+   * (`"before"`), is this store (`"self"`) or ranks after it (`"after"`). Null when none was ever
+   * sent; undefined when the store does not say. Relays use it so that, at a low rate, one of
+   * them does the follow-up looks, not all of them (issue #25).
+   */
+  readonly lastPublished?: { readonly agoMs: number; readonly by: "self" | "before" | "after" } | null
+}
+
 /** What the `OutboxStore` service does: claim due messages under a lease, settle them, and measure the backlog. */
 export interface OutboxStoreShape {
   /**
@@ -53,7 +65,7 @@ export interface OutboxStoreShape {
    * out unsettled they come due again. Interrupting the claim hands back
    * whatever it took.
    */
-  readonly claim: (limit: number, leaseMs: number) => Effect.Effect<Claim<OutboxMessage>, StoreError>
+  readonly claim: (limit: number, leaseMs: number) => Effect.Effect<OutboxClaim, StoreError>
   /**
    * Records verdicts in one write: `Done` → sent; `Retry` → pending again after
    * its delay (one attempt more only if it `spendsAttempt`); `Dead` → dead, one

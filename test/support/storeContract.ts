@@ -255,7 +255,8 @@ export const outboxStoreContract = (name: string, setup: () => Promise<OutboxHar
           ids.map((id) => [id, done] as const),
         ),
       ).toBe(3)
-      for (const id of ids) expect(await row(id)).toMatchObject({ status: "sent", lockToken: null })
+      // The claim's token stays on a sent row: it names the relay process that published.
+      for (const id of ids) expect(await row(id)).toMatchObject({ status: "sent", lockToken: plain.token })
 
       const more = [uuidv7(), uuidv7()]
       await harness().insert(more.map((id) => ({ id })))
@@ -286,7 +287,7 @@ export const outboxStoreContract = (name: string, setup: () => Promise<OutboxHar
       expect((await row(last.find((id) => id !== taken)!)).status).toBe("sent")
     })
 
-    test("mark Done records the message sent, published now, attempts unchanged, lock cleared", async () => {
+    test("mark Done records the message sent, published now, attempts unchanged, its claim's token kept", async () => {
       const id = uuidv7()
       await harness().insert([{ id }])
       const { token } = await claim(1)
@@ -294,7 +295,7 @@ export const outboxStoreContract = (name: string, setup: () => Promise<OutboxHar
       expect(await mark(token, [[id, done]])).toBe(1)
       const after = await harness().now()
       const sent = await row(id)
-      expect(sent).toMatchObject({ status: "sent", attempts: 0, lockToken: null, lastError: null })
+      expect(sent).toMatchObject({ status: "sent", attempts: 0, lockToken: token, lastError: null })
       expect(sent.publishedAt).toBeGreaterThanOrEqual(before)
       expect(sent.publishedAt).toBeLessThanOrEqual(after)
     })

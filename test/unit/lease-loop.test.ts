@@ -22,6 +22,8 @@ const cycleTimes = (
     workers?: number
     /** How long each cycle takes. @default 0 */
     cycleMs?: number
+    /** Whether another process's looks cover this loop's, asked after each cycle (its index). */
+    covered?: (cycle: number) => boolean
   } = {},
 ) =>
   Effect.runPromise(
@@ -43,6 +45,7 @@ const cycleTimes = (
         ...(options.hotMs === undefined ? {} : { hotMs: options.hotMs }),
         ...(options.fewRows === undefined ? {} : { fewRows: options.fewRows }),
         ...(options.warmMs === undefined ? {} : { warmMs: options.warmMs }),
+        ...(options.covered === undefined ? {} : { covered: () => options.covered!(i - 1) }),
         outage: defaultRetryPolicy,
         wake,
         state: makeLoopState(),
@@ -124,6 +127,37 @@ test("two workers: one makes the follow-up looks, the other waits for the poll",
   // the same rows twice over, or nothing.
   const times = await cycleTimes([5, 5], 1_500, { relookMs: 10, warmMs: 1000, workers: 2 })
   expect(times).toEqual([0, 0, 10, 10, 30, 70, 150, 310, 630, 1000, 1000])
+})
+
+test("covered by another process's looks: no follow-up looks, and polls thin out to one in 2, 4, 8 intervals", async () => {
+  // Cycle 0 claims rows while another relay publishes (covered): no look at +10 and, still covered,
+  // the polls come after 2, 4, then 8 poll intervals (one in 8 at most).
+  const times = await cycleTimes([5], 25_000, { relookMs: 10, warmMs: 1000, covered: () => true })
+  expect(times).toEqual([0, 2000, 6000, 14000, 22000])
+  // Uncovered, the same loop looks again at once and polls every interval.
+  const alone = await cycleTimes([5], 3_500, { relookMs: 10, warmMs: 1000, covered: () => false })
+  expect(alone).toEqual([0, 10, 30, 70, 150, 310, 630, 1000, 2000, 3000])
+})
+
+test("no longer covered (the other relay stopped publishing): looks and polls as before", async () => {
+  // Covered after cycles 0 and 1 (waits of 2 and 4 intervals); after cycle 2 at 6000 not: the
+  // next poll comes in one.
+  const times = await cycleTimes([5], 10_500, {
+    relookMs: 10,
+    warmMs: 1000,
+    covered: (cycle) => cycle < 2,
+  })
+  expect(times).toEqual([0, 2000, 6000, 7000, 8000, 9000, 10000])
+})
+
+test("a NOTIFY still wakes a covered loop at once", async () => {
+  const times = await cycleTimes([5], 3_000, {
+    relookMs: 10,
+    warmMs: 1000,
+    covered: () => true,
+    notifyAt: [1500],
+  })
+  expect(times.slice(0, 2)).toEqual([0, 1500])
 })
 
 test("a NOTIFY wakes one of two idle workers", async () => {

@@ -154,9 +154,9 @@ const mark = (state: State) => (token: string, marks: ReadonlyArray<OutboxMark>)
       if (row === undefined || row.lockToken !== token || row.status !== "pending") continue
       if (verdict._tag === "Done") {
         // lastError stays: the SQL keeps it (COALESCE) as a trace of earlier failures.
+        // The token stays, as the SQL stores keep it: it names the relay that published.
         row.status = "sent"
         row.publishedAt = now
-        row.lockToken = null
       } else applyFailure(row, verdict, now)
       changed++
     }

@@ -17,12 +17,19 @@
  * - Each statement is compiled once per store (`prepare`), not per call.
  */
 import { Effect, Layer, type Scope } from "effect"
-import { type CompiledQuery, createQueryId, type ExpressionBuilder, type Kysely, sql } from "kysely"
+import {
+  type CompiledQuery,
+  createQueryId,
+  type ExpressionBuilder,
+  type Kysely,
+  type SelectQueryBuilder,
+  sql,
+} from "kysely"
 import { uuidv7 } from "../../core/uuid.ts"
 import type { StoreError } from "../../Errors.ts"
 import { Database, notifyChannel } from "../../ports/Database.ts"
-import type { Claim } from "../../ports/lease.ts"
 import {
+  type OutboxClaim,
   type OutboxMark,
   type OutboxMessage,
   OutboxStore,
@@ -83,16 +90,57 @@ const claimedColumns = (eb: ExpressionBuilder<{ o: TxboxDatabase["outbox"] }, "o
   ] as const
 
 /**
+ * The last row any relay marked sent: the end of the `outbox_sent` index, one probe. Its
+ * `lock_token` is the token it was claimed under, which names the relay process (its rank).
+ */
+const lastSent = (from: SelectQueryBuilder<TxboxDatabase, "outbox", object>) =>
+  from
+    .select(["published_at", "lock_token"])
+    // A literal status, so the partial index's end answers.
+    .where("status", "=", sql.lit("sent"))
+    .orderBy("published_at", "desc")
+    // A literal: a parameter would make `prepare` compile the statement on every call.
+    .limit(sql.lit(1))
+
+/** `lastSent` alone, run after a held claim in its round trip: how long ago, and by which claim. */
+export const lastPublishedQuery = (db: Kysely<TxboxDatabase>): CompiledQuery<LastPublishedColumns> =>
+  db
+    .selectFrom((eb) => lastSent(eb.selectFrom("outbox")).as("last"))
+    .select([
+      sql<number | null>`(extract(epoch FROM now() - last.published_at) * 1000)::double precision`.as(
+        "last_published_ago_ms",
+      ),
+      sql<string | null>`last.lock_token::text`.as("last_token"),
+    ])
+    .compile()
+
+/**
+ * A claim's answer: the rows it took, each with what it saw of the last row
+ * any relay marked sent (how long before the claim, and that claim's token);
+ * when it took none, one row of nulls but those.
+ */
+export type ClaimAnswer = (ClaimedRow & LastPublishedColumns) | ({ readonly id: null } & LastPublishedColumns)
+
+export interface LastPublishedColumns {
+  readonly last_published_ago_ms: number | null
+  readonly last_token: string | null
+}
+
+/**
  * Claims up to `limit` due rows: locks them with SKIP LOCKED (other relays take
  * the next rows instead of waiting), stamps them with `token` and pushes
  * `visible_at` out by the lease. Autocommit, so no transaction stays open while
  * the batch is published; a relay that dies leaves rows that come due again
  * when the lease ends.
+ *
+ * It also reads the last row any relay marked sent (the end of the
+ * `outbox_sent` index: one probe), joined so that a claim that takes nothing
+ * still answers: when, and under which claim's token (`OutboxClaim.lastPublished`).
  */
 export const claimQuery = (
   db: Kysely<TxboxDatabase>,
   { limit, token, leaseMs }: { readonly limit: number; readonly token: string; readonly leaseMs: number },
-): CompiledQuery<ClaimedRow> =>
+): CompiledQuery<ClaimAnswer> =>
   db
     .with("due", (qb) =>
       qb
@@ -105,12 +153,29 @@ export const claimQuery = (
         .forUpdate()
         .skipLocked(),
     )
-    .updateTable("outbox as o")
-    .set({ lock_token: token, visible_at: nowPlusMs(leaseMs) })
-    .from("due")
-    .whereRef("o.id", "=", "due.id")
-    .returning(claimedColumns)
-    .compile()
+    .with("claimed", (qb) =>
+      qb
+        .updateTable("outbox as o")
+        .set({ lock_token: token, visible_at: nowPlusMs(leaseMs) })
+        .from("due")
+        .whereRef("o.id", "=", "due.id")
+        .returning(claimedColumns),
+    )
+    // One row to hang the rest on: a claim that took nothing still answers the last publish.
+    .selectFrom(sql<{ at: Date }>`(SELECT now() AS at)`.as("base"))
+    .leftJoinLateral(
+      (eb) => lastSent(eb.selectFrom("outbox")).as("last"),
+      (join) => join.onTrue(),
+    )
+    .leftJoin("claimed", (join) => join.onTrue())
+    .selectAll("claimed")
+    .select([
+      sql<number | null>`(extract(epoch FROM base.at - last.published_at) * 1000)::double precision`.as(
+        "last_published_ago_ms",
+      ),
+      sql<string | null>`last.lock_token::text`.as("last_token"),
+    ])
+    .compile() as CompiledQuery<ClaimAnswer>
 
 /** `mark`'s one parameter: the verdicts as a JSON array of `MarkRecord`. */
 export const markVerdicts = (marks: ReadonlyArray<OutboxMark>): string => verdictsJson(marks, "sent")
@@ -151,7 +216,14 @@ export const markQuery = (
           .end(),
         // Done carries no error: the last one stays.
         last_error: eb.fn.coalesce("u.error", "o.last_error"),
-        lock_token: sql.lit(null),
+        // A sent row keeps its claim's token: it names the relay process that published
+        // (`lastPublishedQuery`). Any other is free again.
+        lock_token: eb
+          .case()
+          .when("u.status", "=", sql.lit("sent" as const))
+          .then(eb.ref("o.lock_token"))
+          .else(sql.lit(null))
+          .end(),
       }))
       .whereRef("o.id", "=", "u.id")
       // A held claim's rows carry no token: its transaction's row locks hold them.
@@ -189,14 +261,17 @@ export const claimHeldQuery = (
     .skipLocked()
     .compile()
 
-/** Marks a held claim's rows (a JSON array of ids) sent, all of them: found on the primary key. */
+/**
+ * Marks a held claim's rows (a JSON array of ids) sent, all of them: found on the primary key. The
+ * claim's `token` stays on them: it names the relay process that published (`lastPublishedQuery`).
+ */
 export const markHeldSentQuery = (
   db: Kysely<TxboxDatabase>,
-  { ids }: { readonly ids: string },
+  { ids, token }: { readonly ids: string; readonly token: string },
 ): CompiledQuery =>
   db
     .updateTable("outbox")
-    .set({ status: sql.lit("sent"), published_at: now })
+    .set({ status: sql.lit("sent"), published_at: now, lock_token: token })
     .where(claimedRows(ids))
     .where("status", "=", pending)
     .compile()
@@ -214,7 +289,8 @@ export const markAllSentQuery = (
 ): CompiledQuery =>
   db
     .updateTable("outbox")
-    .set({ status: sql.lit("sent"), published_at: now, lock_token: sql.lit(null) })
+    // The token stays: it names the relay process that published (`lastPublishedQuery`).
+    .set({ status: sql.lit("sent"), published_at: now })
     .where("status", "=", pending)
     // Bound as text: postgres.js would parse a timestamptz parameter into a Date, dropping microseconds.
     .where("visible_at", "=", sql<Date>`${leaseUntil}::text::timestamptz`)
@@ -317,7 +393,7 @@ export const holdTaskQuery = (
 
 /** The statements of one store, each compiled once for its schema. */
 export interface OutboxStatements {
-  readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimedRow>
+  readonly claim: (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimAnswer>
   readonly mark: (params: { readonly token: string; readonly verdicts: string }) => CompiledQuery
   readonly claimHeld: (params: Parameters<typeof claimHeldQuery>[1]) => CompiledQuery<ClaimedRow>
   readonly markHeld: (params: { readonly verdicts: string }) => CompiledQuery
@@ -334,6 +410,7 @@ export interface OutboxStatements {
   readonly extendByToken: (params: { readonly token: string; readonly leaseMs: number }) => CompiledQuery
   readonly lag: () => CompiledQuery<{ lag: number | string | null }>
   readonly nextDue: () => CompiledQuery<{ due: number | string | null }>
+  readonly lastPublished: CompiledQuery<LastPublishedColumns>
 }
 
 /** Compiles every statement once for `db` (bound to txbox's schema). */
@@ -347,7 +424,7 @@ export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
     markHeld: prepare(db, (db, p: { verdicts: string }) => markQuery(db, { ...p, token: null }), {
       verdicts: "\0verdicts",
     }),
-    markHeldSent: prepare(db, markHeldSentQuery, { ids: "\0ids" }),
+    markHeldSent: prepare(db, markHeldSentQuery, { ids: "\0ids", token: "\0token" }),
     markAllSent: prepare(db, markAllSentQuery, { token: "\0token", leaseUntil: "\0leaseUntil" }),
     release: prepare(db, releaseQuery, { token: "\0token", ids: "\0ids" }),
     extend: prepare(db, extendQuery, { token: "\0token", leaseMs: -1, ids: "\0ids" }),
@@ -364,6 +441,7 @@ export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
     ),
     lag: () => ({ ...lag, queryId: createQueryId() }),
     nextDue: () => ({ ...nextDue, queryId: createQueryId() }),
+    lastPublished: lastPublishedQuery(db),
   }
 }
 
@@ -384,6 +462,51 @@ const toMessage = (row: ClaimedRow): OutboxMessage => ({
   attempts: row.attempts,
 })
 
+/** The claimed rows, and what the claim saw of the last publish (a claim that took nothing answers one row of nulls but that). */
+const claimedAnswer = (result: { readonly rows: ReadonlyArray<ClaimAnswer> }, rank: string) => {
+  const first = result.rows[0]
+  const rows = first === undefined || first.id === null ? [] : (result.rows as ReadonlyArray<ClaimedRow>)
+  return { rows, lastPublished: lastPublishedOf(first, rank) }
+}
+
+/** What a claim saw of the last publish, against this store's `rank`; null: nothing was ever sent. */
+const lastPublishedOf = (
+  row: LastPublishedColumns | undefined,
+  rank: string,
+): OutboxClaim["lastPublished"] => {
+  const agoMs = row?.last_published_ago_ms
+  return agoMs === null || agoMs === undefined
+    ? null
+    : { agoMs: Number(agoMs), by: publisherRank(row?.last_token ?? null, rank) }
+}
+
+/** A held claim's rows, and the last publish where its probe rode along with the claim (sessions). */
+const heldAnswer = (
+  { rows, after }: { readonly rows: ReadonlyArray<ClaimedRow>; readonly after?: ReadonlyArray<unknown> },
+  rank: string,
+) =>
+  after === undefined
+    ? { rows }
+    : { rows, lastPublished: lastPublishedOf(after[0] as LastPublishedColumns | undefined, rank) }
+
+/**
+ * A claim token carries its store's rank in its last 8 hex digits (the rest is a UUIDv7, unique
+ * in its process by time and counter): a store ranks a process among the relays that publish.
+ */
+const tokenOf = (rank: string): string => `${uuidv7().slice(0, 28)}${rank}`
+
+/** Where the relay that claimed under `token` ranks against this store's `rank`. */
+const publisherRank = (token: string | null, rank: string): "self" | "before" | "after" => {
+  const theirs = token?.slice(28)
+  return theirs === undefined || theirs.length !== 8
+    ? "after"
+    : theirs === rank
+      ? "self"
+      : theirs < rank
+        ? "before"
+        : "after"
+}
+
 /** Claims remembered for `markAllSent` at most; a relay has a claim or two in flight per worker. */
 const MAX_LEASES = 1024
 
@@ -393,9 +516,8 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
   const db = (database.db as Kysely<TxboxDatabase>).withSchema(database.schema)
   const q = statements(db)
 
-  // Per claim in flight: its rows (for extend and release by primary key; their ids are written
-  // out only then, never on the hot path), and the lease it stamped, for `markAllSent` (undefined
-  // once extended: the rows have another visible_at).
+  // Per claim in flight: its rows (extend and release find them by id, written out only then), and
+  // the lease it stamped, for `markAllSent` (undefined once extended: another visible_at).
   const leases = new Map<string, { until: string | undefined; readonly rows: ReadonlyArray<ClaimedRow> }>()
   const idsOf = (rows: ReadonlyArray<{ readonly id: string }>) => JSON.stringify(rows.map((row) => row.id))
   const release = (token: string, rows = leases.get(token)?.rows): Promise<number> => {
@@ -406,40 +528,46 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
   }
 
   // Claims held in a transaction (`Database.holdsClaims`; heldClaims.ts).
-  const held = makeHeldClaims(db, database.session, { ...q, verdictsOf: markVerdicts })
+  const held = makeHeldClaims(db, database.session, {
+    ...q,
+    verdictsOf: markVerdicts,
+    afterClaim: q.lastPublished,
+  })
   // Closing the store hands back what is still held: a pool does not close while a client is out.
   yield* Effect.addFinalizer(() => Effect.promise(held.releaseAll))
 
+  // This store's rank among the relays (tokenOf): random, fixed for its life.
+  const rank = uuidv7().slice(-8)
   const claimLeased = (token: string, limit: number, leaseMs: number) =>
-    db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => r.rows)
+    db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => claimedAnswer(r, rank))
 
   // No generator (Effect.fnUntraced): once per cycle, and JavaScriptCore kept recompiling its body
   // for as long as the relay ran (core/inboxConsumer.ts says more).
-  const claim = (limit: number, leaseMs: number): Effect.Effect<Claim<OutboxMessage>, StoreError> => {
-    const token = uuidv7()
+  const claim = (limit: number, leaseMs: number): Effect.Effect<OutboxClaim, StoreError> => {
+    const token = tokenOf(rank)
     return Effect.map(
       tryStoreUndoable(
         "OutboxStore.claim",
-        () =>
+        (): Promise<{ rows: ReadonlyArray<ClaimedRow>; lastPublished?: OutboxClaim["lastPublished"] }> =>
           database.holdsClaims === true
-            ? held.claim(token, limit, leaseMs)
+            ? held.claim(token, limit, leaseMs).then((answer) => heldAnswer(answer, rank))
             : claimLeased(token, limit, leaseMs),
         // Given up on (interrupted, e.g. timed out), the statement may still run
         // later: hand whatever it claims straight back rather than leave it to the lease.
         (claimed) => {
           claimed
-            .then((rows) => (rows.length > 0 ? (held.release(token) ?? release(token, rows)) : 0))
+            .then(({ rows }) => (rows.length > 0 ? (held.release(token) ?? release(token, rows)) : 0))
             .catch(() => 0)
         },
       ),
-      (rows) => {
+      ({ rows, lastPublished }) => {
         const first = rows[0]
         if (first !== undefined && !held.holds(token)) {
           // Claims that never reach a mark (a failed cycle) must not pile up: the per-row mark needs none.
           if (leases.size >= MAX_LEASES) leases.clear()
           leases.set(token, { until: first.lease_until, rows })
         }
-        return { token, rows: rows.map(toMessage) }
+        return { token, rows: rows.map(toMessage), ...(lastPublished === undefined ? {} : { lastPublished }) }
       },
     )
   }

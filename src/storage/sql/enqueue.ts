@@ -119,8 +119,8 @@ const statementOf = (text: string, parameters: ReadonlyArray<unknown>): Compiled
 
 /**
  * How long a process sends its INSERTs without the wake-up check after the check found a relay
- * warm. A warm relay published within 50 ms before the check and keeps looking by itself for
- * 150 ms after that publish, so it finds rows committed in this window too. At a steady load a
+ * warm. A warm relay published within 100 ms before the check (migration 0014) and keeps looking
+ * by itself for 200 ms after that publish, so it finds rows committed in this window too. At a steady load a
  * few INSERTs in a hundred then ask instead of every one (5 % at 1,500 msg/s from 4 connections in
  * bench/cost.ts; as a trigger it cost about a quarter of PostgreSQL's work on a one-row enqueue
  * transaction, migration 0013).

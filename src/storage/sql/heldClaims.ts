@@ -23,8 +23,10 @@ import { affected } from "./fragments.ts"
 export interface HeldStatements<Row> {
   readonly claimHeld: (params: { readonly limit: number; readonly idleMs: string }) => CompiledQuery<Row>
   readonly markHeld: (params: { readonly verdicts: string }) => CompiledQuery
-  readonly markHeldSent: (params: { readonly ids: string }) => CompiledQuery
+  readonly markHeldSent: (params: { readonly ids: string; readonly token: string }) => CompiledQuery
   readonly verdictsOf: (marks: ReadonlyArray<OutboxMark>) => string
+  /** Run after the claim in the same round trip where that costs none (sessions): its rows come back as `after`. */
+  readonly afterClaim?: CompiledQuery
 }
 
 /** One open held claim's transaction. */
@@ -37,10 +39,11 @@ interface Tx {
   readonly rollback: () => Promise<void>
 }
 
-/** Opens a transaction, runs `claim` in it; with no rows, the transaction is over already. */
+/** Opens a transaction, runs `claim` in it (and `after`, where free); with no rows, the transaction is over already. */
 type Begin = <Row>(
   claim: CompiledQuery<Row>,
-) => Promise<{ readonly rows: ReadonlyArray<Row>; readonly tx?: Tx }>
+  after?: CompiledQuery,
+) => Promise<{ readonly rows: ReadonlyArray<Row>; readonly tx?: Tx; readonly after?: ReadonlyArray<unknown> }>
 
 /**
  * A statement's text with its parameters written in as literals, for the simple query protocol
@@ -98,7 +101,7 @@ const SELECT_1 = CompiledQuery.raw("SELECT 1")
 /** Through sessions: BEGIN with the claim, COMMIT with the mark, one round trip each. */
 const sessionBegin =
   (open: () => Promise<DatabaseSession>): Begin =>
-  async <Row>(claim: CompiledQuery<Row>) => {
+  async <Row>(claim: CompiledQuery<Row>, afterClaim?: CompiledQuery) => {
     const session = await open()
     let done = false
     const end = (broken?: Error) => {
@@ -112,11 +115,16 @@ const sessionBegin =
         (error: Error) => end(error),
       )
     try {
-      const answers = await session.script(`BEGIN;${inlined(claim)}`)
+      const answers = await session.script(
+        afterClaim === undefined
+          ? `BEGIN;${inlined(claim)}`
+          : `BEGIN;${inlined(claim)};${inlined(afterClaim)}`,
+      )
       const rows = (answers[1]?.rows ?? []) as ReadonlyArray<Row>
+      const after = afterClaim === undefined ? undefined : (answers[2]?.rows ?? [])
       if (rows.length === 0) {
         await rollback()
-        return { rows }
+        return after === undefined ? { rows } : { rows, after }
       }
       const tx: Tx = {
         finish: async (statement) => {
@@ -133,7 +141,7 @@ const sessionBegin =
         touch: () => session.script("SELECT 1").then(() => undefined),
         rollback,
       }
-      return { rows, tx }
+      return after === undefined ? { rows, tx } : { rows, tx, after }
     } catch (error) {
       end(error instanceof Error ? error : new Error(String(error)))
       throw error
@@ -194,11 +202,14 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
     return claim.tx.rollback().then(() => claim.rows.length)
   }
 
-  /** Up to `limit` due rows, held for `token` until its mark or release; none: nothing left open. */
-  const claim = async (token: string, limit: number, leaseMs: number): Promise<ReadonlyArray<Row>> => {
-    const { rows, tx } = await begin(q.claimHeld({ limit, idleMs: `${Math.ceil(leaseMs)}ms` }))
-    if (tx !== undefined) held.set(token, { tx, rows })
-    return rows
+  /**
+   * Up to `limit` due rows, held for `token` until its mark or release; none: nothing left open.
+   * With them, the rows of `afterClaim` when it ran.
+   */
+  const claim = async (token: string, limit: number, leaseMs: number) => {
+    const answer = await begin(q.claimHeld({ limit, idleMs: `${Math.ceil(leaseMs)}ms` }), q.afterClaim)
+    if (answer.tx !== undefined) held.set(token, { tx: answer.tx, rows: answer.rows })
+    return answer
   }
 
   /**
@@ -212,7 +223,9 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
     if (marks.length === 0) return claim.tx.rollback().then(() => 0)
     const allSent = marks.length === claim.rows.length && marks.every((m) => m.verdict._tag === "Done")
     return claim.tx.finish(
-      allSent ? q.markHeldSent({ ids: idsOf(claim.rows) }) : q.markHeld({ verdicts: q.verdictsOf(marks) }),
+      allSent
+        ? q.markHeldSent({ ids: idsOf(claim.rows), token })
+        : q.markHeld({ verdicts: q.verdictsOf(marks) }),
     )
   }
 

@@ -1,0 +1,124 @@
+// Several relay processes at a low rate (issue #25): each claim reads the last row any relay marked
+// sent and which relay claimed it (its token carries the store's rank), so the relays ranked after
+// the one at work leave their follow-up looks to it and poll less often. On real PostgreSQL and
+// RabbitMQ, with each driver: node-postgres holds its claims in a transaction (the probe rides in
+// the claim's round trip), postgres.js leases them (the probe is part of the claim's statement).
+import { afterAll, beforeAll, describe, expect, test } from "bun:test"
+import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
+import * as v from "valibot"
+import { defineEvent } from "../../src/Contract.ts"
+import * as Outbox from "../../src/Outbox.ts"
+import { type OutboxClaim, OutboxStore } from "../../src/ports/OutboxStore.ts"
+import * as Relay from "../../src/Relay.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { collect } from "../support/amqp.ts"
+import { amqpUrl, uniqueName } from "../support/db.ts"
+import {
+  type Driver,
+  eventually,
+  type MigratedDatabase,
+  migratedDatabase,
+  outboxCounts,
+  storeLayer,
+} from "../support/txbox.ts"
+
+const Ping = defineEvent({
+  type: "cover.ping",
+  version: 1,
+  schema: v.object({ n: v.number() }),
+})
+
+let t: MigratedDatabase
+beforeAll(async () => {
+  t = await migratedDatabase("relay_cover")
+})
+afterAll(async () => {
+  await t.close()
+})
+
+const enqueue = (n: number) =>
+  t.db.transaction().execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Ping, { n })))
+
+const lastPublishedOf = (claim: OutboxClaim) => claim.lastPublished
+
+describe.each(["pg", "postgres.js"] as const)("%s", (driver: Driver) => {
+  test("a claim says how long ago the last row was sent, and whether this store's relay sent it or one ranked before or after it", async () => {
+    await t.db.deleteFrom("txbox.outbox").execute()
+    const a = ManagedRuntime.make(storeLayer(t.url, { driver }))
+    const b = ManagedRuntime.make(storeLayer(t.url, { driver }))
+    const claim = (store: typeof a) =>
+      store.runPromise(Effect.flatMap(OutboxStore, (s) => s.claim(10, 30_000)))
+    const publish = async (store: typeof a) => {
+      const claimed = await claim(store)
+      expect(claimed.rows.length).toBe(1)
+      await store.runPromise(
+        Effect.flatMap(OutboxStore, (s) =>
+          s.mark(
+            claimed.token,
+            claimed.rows.map((r) => ({ id: r.id, verdict: { _tag: "Done" } as const })),
+          ),
+        ),
+      )
+    }
+    try {
+      // Nothing sent yet: null, not a guess.
+      expect(lastPublishedOf(await claim(a))).toBeNull()
+
+      await enqueue(1)
+      await publish(a)
+      const byA = { a: lastPublishedOf(await claim(a)), b: lastPublishedOf(await claim(b)) }
+      expect(byA.a?.by).toBe("self")
+      expect(byA.a!.agoMs).toBeGreaterThanOrEqual(0)
+      expect(byA.a!.agoMs).toBeLessThan(10_000)
+      expect(["before", "after"]).toContain(byA.b?.by ?? "none")
+
+      await enqueue(2)
+      await publish(b)
+      const byB = { a: lastPublishedOf(await claim(a)), b: lastPublishedOf(await claim(b)) }
+      expect(byB.b?.by).toBe("self")
+      // One order of ranks: if A ranks before B, B ranks after A.
+      expect(byB.a?.by).toBe(byA.b?.by === "before" ? "after" : "before")
+    } finally {
+      await a.dispose()
+      await b.dispose()
+    }
+  })
+})
+
+test("three relay processes at a low rate: one does the looking, the others step back; every row is published once", async () => {
+  await t.db.deleteFrom("txbox.outbox").execute()
+  const exchange = uniqueName("cover")
+  const seen = await collect(amqpUrl(), exchange, Ping.type)
+  // Three relays as three processes would be: a store (a rank) and a connection each; the defaults.
+  const relays = Array.from({ length: 3 }, () =>
+    ManagedRuntime.make(
+      Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+    ),
+  )
+  const scopes = await Promise.all(relays.map((r) => r.runPromise(Scope.make())))
+  try {
+    const handles = await Promise.all(
+      relays.map((r, i) => r.runPromise(Relay.make().pipe(Scope.provide(scopes[i]!)))),
+    )
+    // 40 messages a second for 4 s: a rate one relay's looks every 50 ms take whole.
+    const count = 160
+    for (let n = 0; n < count; n++) {
+      await enqueue(n)
+      await Bun.sleep(25)
+    }
+    await eventually("every row sent", async () => (await outboxCounts(t.db)).sent === count)
+    await eventually("every message routed", async () => seen.counts.size === count)
+    expect([...seen.counts.values()].every((n) => n === 1)).toBe(true)
+    const stats = await Promise.all(handles.map((h) => Effect.runPromise(h.stats)))
+    expect(stats.reduce((n, s) => n + s.published, 0)).toBe(count)
+    const claims = stats.map((s) => s.claims).sort((x, y) => y - x)
+    const total = claims.reduce((n, c) => n + c, 0)
+    // Without it each relay looked every 50 ms after its own batches, and the three shared the
+    // claims about evenly (each about a third). Now the first in rank makes most of them.
+    expect(claims[0]! / total).toBeGreaterThan(0.6)
+  } finally {
+    await Promise.all(relays.map((r, i) => r.runPromise(Scope.close(scopes[i]!, Exit.void))))
+    await Promise.all(relays.map((r) => r.dispose()))
+    await seen.close()
+  }
+})
