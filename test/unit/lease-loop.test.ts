@@ -24,6 +24,8 @@ const cycleTimes = (
     cycleMs?: number
     /** Whether another process's looks cover this loop's, asked after each cycle (its index). */
     covered?: (cycle: number) => boolean
+    /** What the probe for due rows always answers (ms until one is due; 0: one is due now). */
+    nextDueMs?: number
   } = {},
 ) =>
   Effect.runPromise(
@@ -46,6 +48,7 @@ const cycleTimes = (
         ...(options.fewRows === undefined ? {} : { fewRows: options.fewRows }),
         ...(options.warmMs === undefined ? {} : { warmMs: options.warmMs }),
         ...(options.covered === undefined ? {} : { covered: () => options.covered!(i - 1) }),
+        ...(options.nextDueMs === undefined ? {} : { nextDueMs: Effect.succeed(options.nextDueMs) }),
         outage: defaultRetryPolicy,
         wake,
         state: makeLoopState(),
@@ -137,6 +140,16 @@ test("covered by another process's looks: no follow-up looks, and polls thin out
   // Uncovered, the same loop looks again at once and polls every interval.
   const alone = await cycleTimes([5], 3_500, { relookMs: 10, warmMs: 1000, covered: () => false })
   expect(alone).toEqual([0, 10, 30, 70, 150, 310, 630, 1000, 2000, 3000])
+})
+
+test("covered, a row always due (a steady load) does not cut the thinned waits short: the other relay claims it", async () => {
+  const times = await cycleTimes([5], 25_000, {
+    relookMs: 10,
+    warmMs: 1000,
+    covered: () => true,
+    nextDueMs: 0,
+  })
+  expect(times).toEqual([0, 2000, 6000, 14000, 22000])
 })
 
 test("no longer covered (the other relay stopped publishing): looks and polls as before", async () => {
