@@ -121,4 +121,4 @@ test("three relay processes at a low rate: one does the looking, the others step
     await Promise.all(relays.map((r) => r.dispose()))
     await seen.close()
   }
-})
+}, 60_000)
