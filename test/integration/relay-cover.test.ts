@@ -114,8 +114,9 @@ test("three relay processes at a low rate: one does the looking, the others step
     const claims = stats.map((s) => s.claims).sort((x, y) => y - x)
     const total = claims.reduce((n, c) => n + c, 0)
     // Without it each relay looked every 50 ms after its own batches, and the three shared the
-    // claims about evenly (each about a third). Now the first in rank makes most of them.
-    expect(claims[0]! / total).toBeGreaterThan(0.6)
+    // claims about evenly (the busiest 43 % in a run at f23358d). Now the first in rank makes most
+    // of them (63–91 % in runs here: another takes the looks until the first publishes).
+    expect(claims[0]! / total).toBeGreaterThan(0.55)
   } finally {
     await Promise.all(relays.map((r, i) => r.runPromise(Scope.close(scopes[i]!, Exit.void))))
     await Promise.all(relays.map((r) => r.dispose()))

@@ -102,16 +102,19 @@ const lastSent = (from: SelectQueryBuilder<TxboxDatabase, "outbox", object>) =>
     // A literal: a parameter would make `prepare` compile the statement on every call.
     .limit(sql.lit(1))
 
+/** What a claim reports of `lastSent` (aliased `last`): how long before the statement, and its token. */
+const lastPublishedColumns = [
+  sql<number | null>`(extract(epoch FROM now() - last.published_at) * 1000)::double precision`.as(
+    "last_published_ago_ms",
+  ),
+  sql<string | null>`last.lock_token::text`.as("last_token"),
+] as const
+
 /** `lastSent` alone, run after a held claim in its round trip: how long ago, and by which claim. */
 export const lastPublishedQuery = (db: Kysely<TxboxDatabase>): CompiledQuery<LastPublishedColumns> =>
   db
     .selectFrom((eb) => lastSent(eb.selectFrom("outbox")).as("last"))
-    .select([
-      sql<number | null>`(extract(epoch FROM now() - last.published_at) * 1000)::double precision`.as(
-        "last_published_ago_ms",
-      ),
-      sql<string | null>`last.lock_token::text`.as("last_token"),
-    ])
+    .select(lastPublishedColumns)
     .compile()
 
 /**
@@ -162,19 +165,14 @@ export const claimQuery = (
         .returning(claimedColumns),
     )
     // One row to hang the rest on: a claim that took nothing still answers the last publish.
-    .selectFrom(sql<{ at: Date }>`(SELECT now() AS at)`.as("base"))
+    .selectFrom(sql<{ one: number }>`(SELECT 1 AS one)`.as("base"))
     .leftJoinLateral(
       (eb) => lastSent(eb.selectFrom("outbox")).as("last"),
       (join) => join.onTrue(),
     )
     .leftJoin("claimed", (join) => join.onTrue())
     .selectAll("claimed")
-    .select([
-      sql<number | null>`(extract(epoch FROM base.at - last.published_at) * 1000)::double precision`.as(
-        "last_published_ago_ms",
-      ),
-      sql<string | null>`last.lock_token::text`.as("last_token"),
-    ])
+    .select(lastPublishedColumns)
     .compile() as CompiledQuery<ClaimAnswer>
 
 /** `mark`'s one parameter: the verdicts as a JSON array of `MarkRecord`. */
