@@ -491,18 +491,16 @@ const heldAnswer = (
  * A claim token carries its store's rank in its last 8 hex digits (the rest is a UUIDv7, unique
  * in its process by time and counter): a store ranks a process among the relays that publish.
  */
-const tokenOf = (rank: string): string => `${uuidv7().slice(0, 28)}${rank}`
+const RANK_AT = 28
+const tokenOf = (rank: string): string => `${uuidv7().slice(0, RANK_AT)}${rank}`
 
 /** Where the relay that claimed under `token` ranks against this store's `rank`. */
 const publisherRank = (token: string | null, rank: string): "self" | "before" | "after" => {
-  const theirs = token?.slice(28)
-  return theirs === undefined || theirs.length !== 8
-    ? "after"
-    : theirs === rank
-      ? "self"
-      : theirs < rank
-        ? "before"
-        : "after"
+  const theirs = token?.slice(RANK_AT)
+  // No token (sent by an older relay, which cleared it, or by a per-row mark of a held claim): never covers.
+  if (theirs === undefined || theirs.length !== rank.length) return "after"
+  if (theirs === rank) return "self"
+  return theirs < rank ? "before" : "after"
 }
 
 /** Claims remembered for `markAllSent` at most; a relay has a claim or two in flight per worker. */
