@@ -24,6 +24,7 @@ import { makeConsumer, makeInboxCounters } from "./core/inboxConsumer.ts"
 import { processorCycle } from "./core/inboxProcessor.ts"
 import type { RouteBinding } from "./core/keyRoutes.ts"
 import { isLive, makeLoopState, runLeaseLoop } from "./core/leaseLoop.ts"
+import { PARTITION_EVERY_MS, PARTITIONS_AHEAD_MS, PARTITIONS_CHECK_MS } from "./core/partitioning.ts"
 import { makeSignal, subscribeWakeups } from "./core/signal.ts"
 import { subscribe } from "./core/subscription.ts"
 import { type ConfigError, StoreError } from "./Errors.ts"
@@ -327,6 +328,17 @@ export const make = (
         Effect.repeat(Schedule.spaced(UNPARK_EVERY)),
       ),
     )
+    // The next days' partitions of the inbox (migration 0015), looked after hourly: a catalog read
+    // when they exist. Without them rows go to the default partition, never lost.
+    if (store.keepPartitions !== undefined) {
+      const keep = store.keepPartitions
+      yield* Effect.forkScoped(
+        keep({ aheadMs: PARTITIONS_AHEAD_MS, everyMs: PARTITION_EVERY_MS }).pipe(
+          Effect.catch((e) => Effect.logWarning(`inbox ${c.consumer} partitions: ${e.message}`)),
+          Effect.repeat(Schedule.spaced(PARTITIONS_CHECK_MS)),
+        ),
+      )
+    }
     const state = makeLoopState()
     yield* Effect.forkScoped(
       runLeaseLoop({

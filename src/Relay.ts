@@ -14,10 +14,12 @@ import { type Duration, Effect, Layer, Schedule, type Scope } from "effect"
 import { bounded } from "./core/bounded.ts"
 import * as config from "./core/config.ts"
 import { isLive, makeLoopState, runLeaseLoop } from "./core/leaseLoop.ts"
+import { PARTITIONS_CHECK_MS } from "./core/partitioning.ts"
 import {
   type Lag,
   lagProbe,
   makeRelayCounters,
+  partitionsPass,
   type RelaySettings,
   relayCycle,
   retentionPass,
@@ -220,6 +222,12 @@ export const make = (
     for (let i = 0; i < c.workers; i++) yield* Effect.forkScoped(runLeaseLoop(loop))
     const lagEvery = Math.max(1000, Math.min(c.pollMs * 5, 5000))
     yield* Effect.forkScoped(Effect.repeat(lagProbe(store, lag, holder, lagEvery), Schedule.spaced(lagEvery)))
+    yield* Effect.forkScoped(
+      Effect.repeat(
+        partitionsPass(store, holder, c.retention && c.retention.olderThanSeconds * 1000),
+        Schedule.spaced(PARTITIONS_CHECK_MS),
+      ),
+    )
     if (c.retention) {
       const { olderThanSeconds, everyMs, batchSize } = c.retention
       yield* Effect.forkScoped(

@@ -17,6 +17,7 @@ import * as contracts from "./contracts.ts"
 import * as dead from "./dead.ts"
 import { describeFailure, EXIT_USAGE } from "./errors.ts"
 import * as migrate from "./migrate.ts"
+import * as partitions from "./partitions.ts"
 import * as platform from "./platform.ts"
 import * as purge from "./purge.ts"
 import * as status from "./status.ts"
@@ -47,6 +48,10 @@ const txbox = Command.make("txbox").pipe(
     },
     { command: "txbox purge --older-than 14d", description: "retention for sent and processed rows" },
     {
+      command: "txbox partitions drop --older-than 14d",
+      description: "retention by dropping whole day partitions",
+    },
+    {
       command: "txbox contracts check --old ./released/contracts.ts --new ./src/contracts.ts",
       description: "does the new contract module break old producers or consumers?",
     },
@@ -64,6 +69,7 @@ const txbox = Command.make("txbox").pipe(
     status.command,
     dead.command,
     purge.command,
+    partitions.command,
     contracts.command,
     asyncapi.command,
     topology.command,

@@ -14,6 +14,7 @@ import type { OutgoingMessage, PublishOutcome, TransportShape } from "../ports/T
 import { type RetryPolicy, schedule } from "../Retry.ts"
 import { bounded } from "./bounded.ts"
 import { holdingLease } from "./heartbeat.ts"
+import { PARTITION_EVERY_MS, PARTITIONS_AHEAD_MS, PARTITIONS_CHECK_MS } from "./partitioning.ts"
 import { DEAD_UPSTREAM_HEADER } from "./position.ts"
 import { spanned } from "./trace.ts"
 import { uuidv7 } from "./uuid.ts"
@@ -300,3 +301,36 @@ export const retentionPass = (
         )
       : Effect.void,
   ).pipe(Effect.withSpan("Relay.retention", { root: true }))
+
+/**
+ * One pass over the partitioned outbox's partitions (migration 0015), by the one relay process
+ * that holds the `outbox.partitions` task: those of the next days created, and with retention on,
+ * those past it that hold nothing pending or dead dropped whole (cheaper than deleting their rows).
+ */
+export const partitionsPass = (
+  store: OutboxStoreShape,
+  holder: string,
+  dropOlderThanMs: number | undefined,
+) =>
+  store.keepPartitions === undefined
+    ? Effect.void
+    : Effect.flatMap(holding(store, "outbox.partitions", holder, PARTITIONS_CHECK_MS * 3), (mine) =>
+        mine && store.keepPartitions !== undefined
+          ? store
+              .keepPartitions({
+                aheadMs: PARTITIONS_AHEAD_MS,
+                everyMs: PARTITION_EVERY_MS,
+                ...(dropOlderThanMs === undefined ? {} : { dropOlderThanMs }),
+              })
+              .pipe(
+                Effect.tap(({ created, dropped }) =>
+                  created.length + dropped.length > 0
+                    ? Effect.logInfo(
+                        `relay partitions: created ${created.join(", ") || "none"}; dropped ${dropped.join(", ") || "none"}`,
+                      )
+                    : Effect.void,
+                ),
+                Effect.catch((e: StoreError) => Effect.logWarning(`relay partitions: ${e.message}`)),
+              )
+          : Effect.void,
+      ).pipe(Effect.withSpan("Relay.partitions", { root: true }))

@@ -190,6 +190,16 @@ export interface InboxStoreShape {
     onOrderedDead?: OrderedDeadPolicy,
   ) => Effect.Effect<ReadonlyArray<RouteBinding>, StoreError>
   /**
+   * Creates the partitioned inbox's partitions (migration 0015) from now to
+   * `aheadMs` ahead, `everyMs` long; returns the ones created. Dropping old
+   * ones is the operator's (`txbox partitions drop`), who knows the dedupe
+   * window. Optional: a store without partitions has nothing to keep.
+   */
+  readonly keepPartitions?: (options: {
+    readonly aheadMs: number
+    readonly everyMs: number
+  }) => Effect.Effect<ReadonlyArray<string>, StoreError>
+  /**
    * Calls `onWake` when pending rows of `consumer` may have arrived (store-then-process), until the
    * scope closes. Latency only: a store may wake more often than that, never less.
    */

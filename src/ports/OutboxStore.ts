@@ -96,6 +96,21 @@ export interface OutboxStoreShape {
    */
   readonly purgeSent: (olderThanSeconds: number, batchSize: number) => Effect.Effect<number, StoreError>
   /**
+   * Keeps the partitioned outbox's partitions (migration 0015): creates those
+   * from now to `aheadMs` ahead, `everyMs` long, and, given `dropOlderThanMs`,
+   * drops those that ended longer ago and hold no pending or dead row.
+   * Returns the partitions created and dropped. Optional: a store without
+   * partitions has nothing to keep.
+   */
+  readonly keepPartitions?: (options: {
+    readonly aheadMs: number
+    readonly everyMs: number
+    readonly dropOlderThanMs?: number
+  }) => Effect.Effect<
+    { readonly created: ReadonlyArray<string>; readonly dropped: ReadonlyArray<string> },
+    StoreError
+  >
+  /**
    * Whether `holder` holds the housekeeping task `task` now: taken when free or
    * when its holder's lease ran out, renewed when `holder` already holds it,
    * for `ttlMs` from now. The relay runs its lag probe and its retention only

@@ -59,7 +59,9 @@ describe("migrations", () => {
       "inbox_bindings",
       "inbox_consumers",
       "inbox_cursors",
+      "inbox_default",
       "outbox",
+      "outbox_default",
       "partition_counters",
       "txbox_migrations",
     ])
@@ -83,7 +85,9 @@ describe("migrations", () => {
       "inbox_bindings",
       "inbox_consumers",
       "inbox_cursors",
+      "inbox_default",
       "outbox",
+      "outbox_default",
       "partition_counters",
       "txbox_migrations",
     ])

@@ -71,7 +71,9 @@ describe("PGlite store", () => {
       "inbox_bindings",
       "inbox_consumers",
       "inbox_cursors",
+      "inbox_default",
       "outbox",
+      "outbox_default",
       "partition_counters",
       "txbox_migrations",
     ])

@@ -45,6 +45,7 @@ import {
   waitsForOf,
 } from "./fragments.ts"
 import { CHAINED_PER_CLAIM, chainOrder } from "./partitionGate.ts"
+import * as partitions from "./partitions.ts"
 import { prepare } from "./prepared.ts"
 import { withTransaction } from "./transaction.ts"
 
@@ -1167,6 +1168,10 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
     bindings: (consumer, patterns, onOrderedDead = "block") =>
       tryStore("InboxStore.bindings", () => recordBindings(db, consumer, patterns, onOrderedDead)),
     // The trigger's channel (migration 0011), named by the database: its md5 is the one the trigger takes.
+    keepPartitions: ({ aheadMs, everyMs }) =>
+      Effect.map(partitions.ensurePartitions(database, { aheadMs, everyMs, tables: ["inbox"] }), (made) =>
+        made.created.map((c) => c.name),
+      ),
     wakeups: (consumer, onWake, onHearing) =>
       Effect.flatMap(
         tryStore("InboxStore.wakeups", async () => {

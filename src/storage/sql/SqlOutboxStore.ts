@@ -27,7 +27,7 @@ import {
 } from "kysely"
 import { uuidv7 } from "../../core/uuid.ts"
 import type { StoreError } from "../../Errors.ts"
-import { Database, notifyChannel } from "../../ports/Database.ts"
+import { Database, type DatabaseShape, notifyChannel } from "../../ports/Database.ts"
 import {
   type OutboxClaim,
   type OutboxMark,
@@ -40,6 +40,7 @@ import { tryStore, tryStoreUndoable } from "./errors.ts"
 import { affected, now, nowPlusMs, pending, verdictsJson } from "./fragments.ts"
 import { makeHeldClaims } from "./heldClaims.ts"
 import * as opsSql from "./operations.ts"
+import * as partitions from "./partitions.ts"
 import { prepare } from "./prepared.ts"
 
 /** A claimed row as the database returns it. */
@@ -504,6 +505,23 @@ const publisherRank = (token: string | null, rank: string): "self" | "before" | 
 }
 
 /** Claims remembered for `markAllSent` at most; a relay has a claim or two in flight per worker. */
+/** Sent rows older than `olderThanSeconds`, `batchSize` per statement, until none is left. */
+const purgeSent = Effect.fn("OutboxStore.purgeSent")(function* (
+  database: DatabaseShape,
+  olderThanSeconds: number,
+  batchSize: number,
+) {
+  // One cutoff for every batch: rows that age past it meanwhile wait for the
+  // next purge, so the loop is sure to end.
+  const before = yield* opsSql.cutoff(database, olderThanSeconds)
+  let deleted = 0
+  while (true) {
+    const n = yield* opsSql.purgeSent(database, before, batchSize)
+    deleted += n
+    if (n < batchSize) return deleted
+  }
+})
+
 const MAX_LEASES = 1024
 
 export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope> = Effect.gen(function* () {
@@ -602,21 +620,6 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
     return due === null || due === undefined ? undefined : Number(due) * 1000
   })
 
-  const purgeSent = Effect.fn("OutboxStore.purgeSent")(function* (
-    olderThanSeconds: number,
-    batchSize: number,
-  ) {
-    // One cutoff for every batch: rows that age past it meanwhile wait for the
-    // next purge, so the loop is sure to end.
-    const before = yield* opsSql.cutoff(database, olderThanSeconds)
-    let deleted = 0
-    while (true) {
-      const n = yield* opsSql.purgeSent(database, before, batchSize)
-      deleted += n
-      if (n < batchSize) return deleted
-    }
-  })
-
   return {
     claim,
     mark,
@@ -633,7 +636,8 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
       }),
     lagSeconds,
     nextDueMs,
-    purgeSent,
+    purgeSent: (olderThanSeconds, batchSize) => purgeSent(database, olderThanSeconds, batchSize),
+    keepPartitions: (options) => partitions.keepOutboxPartitions(database, options),
     holdTask: (task, holder, ttlMs) =>
       tryStore("OutboxStore.holdTask", () =>
         db.executeQuery(holdTaskQuery(db, { task, holder, ttlMs })).then((r) => r.rows.length === 1),

@@ -127,15 +127,19 @@ export const EXACT_UP_TO = 1_000_000
 
 /**
  * The planner's row estimate of txbox's `table` (`pg_class.reltuples`, kept by
- * autovacuum and ANALYZE); undefined before the table was ever analyzed.
+ * autovacuum and ANALYZE), summed over its partitions (migration 0015: the
+ * partitioned parent has no estimate of its own); undefined before any of
+ * them was ever analyzed.
  */
 const estimatedRows = async (db: DatabaseShape, table: "outbox" | "inbox"): Promise<number | undefined> => {
-  // sql: pg_class is the catalog, not one of txbox's tables.
+  // sql: pg_partition_tree and pg_class are the catalog, not txbox's tables. A plain table is its own leaf.
   const result = await sql<{ rows: number | string | null }>`
-    SELECT c.reltuples AS rows FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = ${db.schema} AND c.relname = ${table}`.execute(db.db)
-  const rows = Number(result.rows[0]?.rows ?? -1)
-  return rows >= 0 ? rows : undefined
+    SELECT sum(c.reltuples) FILTER (WHERE c.reltuples >= 0) AS rows
+    FROM pg_partition_tree(format('%I.%I', ${db.schema}::text, ${table}::text)::regclass) t
+    JOIN pg_class c ON c.oid = t.relid
+    WHERE t.isleaf`.execute(db.db)
+  const rows = result.rows[0]?.rows
+  return rows === null || rows === undefined ? undefined : Number(rows)
 }
 
 /**

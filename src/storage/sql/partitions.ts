@@ -1,0 +1,320 @@
+/**
+ * The outbox's and the inbox's partitions (migration 0015): listed, created
+ * ahead of time, and dropped whole once nothing in them is still work or
+ * evidence. Behind `txbox partitions` and the relay's and the inbox's
+ * housekeeping.
+ *
+ * Locks, because these run beside the hot path:
+ * - create: `CREATE TABLE … (LIKE …)` then `ATTACH PARTITION`, which takes
+ *   SHARE UPDATE EXCLUSIVE on the parent (enqueues, claims and marks go on)
+ *   and ACCESS EXCLUSIVE on the DEFAULT partition while it checks that no row
+ *   there belongs in the new range: a scan of the default partition, during
+ *   which statements that read it (every claim) wait. Keep it small.
+ * - drop: ACCESS EXCLUSIVE on the parent for the few index probes that prove
+ *   the partition holds no pending or dead row, and the DROP. Both wait at
+ *   most `lock_timeout` for their locks, and give up (to try again later)
+ *   rather than queue every enqueue behind them.
+ */
+import { Effect } from "effect"
+import { type Kysely, sql } from "kysely"
+import { quoteIdent } from "../../core/identifier.ts"
+import type { StoreError } from "../../Errors.ts"
+import type { DatabaseShape } from "../../ports/Database.ts"
+import { classifyDbError } from "./errors.ts"
+import { boundTime, idBound, missingRanges, parseRange, partitionName } from "./partitionBounds.ts"
+
+/** The two tables txbox partitions. */
+export type QueueTable = "outbox" | "inbox"
+export const QUEUE_TABLES: ReadonlyArray<QueueTable> = ["outbox", "inbox"]
+
+/** One partition of the outbox or the inbox. */
+export interface QueuePartition {
+  readonly table: QueueTable
+  readonly name: string
+  /** The DEFAULT partition: rows whose id falls in no range. Never dropped. */
+  readonly isDefault: boolean
+  /** The first id of its range, and the time it stands for (undefined when the bound is not a UUIDv7 time). */
+  readonly from?: { readonly id: string; readonly at: Date | undefined }
+  /** The end of its range (exclusive). */
+  readonly to?: { readonly id: string; readonly at: Date | undefined }
+  /** The planner's estimate of its rows; undefined before it was ever analyzed. */
+  readonly estimatedRows: number | undefined
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: the catalog and partitions are outside TxboxDatabase
+type AnyDb = Kysely<any>
+
+/** What these need of a database: its Kysely and txbox's schema in it. */
+export type Tables = Pick<DatabaseShape, "db" | "schema">
+
+const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
+  Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(
+    Effect.withSpan(`txbox.${operation}`),
+  )
+
+const LOCK_NAMESPACE = 0x7478626f // "txbo", as the migrator's
+const KEY_COLUMN: Record<QueueTable, string> = { outbox: "id", inbox: "message_id" }
+const KEY_TYPE: Record<QueueTable, string> = { outbox: "uuid", inbox: "text" }
+
+const qualified = (schema: string, name: string) => `${quoteIdent(schema)}.${quoteIdent(name)}`
+
+const asDate = (id: string) => {
+  const ms = boundTime(id)
+  return { id, at: ms === undefined ? undefined : new Date(ms) }
+}
+
+const partitionsOf = async (db: AnyDb, schema: string, table: QueueTable): Promise<QueuePartition[]> => {
+  // sql: the catalog (pg_inherits, pg_class), not one of txbox's tables.
+  const result = await sql<{ name: string; bound: string; rows: number | string | null }>`
+    SELECT c.relname AS name, pg_get_expr(c.relpartbound, c.oid) AS bound, c.reltuples AS rows
+    FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    JOIN pg_class p ON p.oid = i.inhparent
+    JOIN pg_namespace n ON n.oid = p.relnamespace
+    WHERE n.nspname = ${schema} AND p.relname = ${table}
+    ORDER BY c.relname`.execute(db)
+  return result.rows.map((r) => {
+    const range = parseRange(r.bound)
+    const rows = Number(r.rows ?? -1)
+    return {
+      table,
+      name: r.name,
+      isDefault: range === undefined,
+      ...(range === undefined ? {} : { from: asDate(range.from), to: asDate(range.to) }),
+      estimatedRows: rows >= 0 ? rows : undefined,
+    }
+  })
+}
+
+/** Whether `table` is partitioned (migration 0015 applied). */
+const isPartitioned = async (db: AnyDb, schema: string, table: QueueTable): Promise<boolean> => {
+  // sql: the catalog.
+  const result = await sql<{ n: number }>`
+    SELECT 1 AS n FROM pg_partitioned_table pt
+    JOIN pg_class c ON c.oid = pt.partrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = ${schema} AND c.relname = ${table}`.execute(db)
+  return result.rows.length > 0
+}
+
+const dbNowMs = async (db: AnyDb): Promise<number> => {
+  const result = await sql<{ ms: number | string }>`SELECT extract(epoch FROM now()) * 1000 AS ms`.execute(db)
+  return Number(result.rows[0]!.ms)
+}
+
+/** Every partition of the outbox and the inbox, by table then name; empty for a table not partitioned. */
+export const listPartitions = (db: Tables): Effect.Effect<ReadonlyArray<QueuePartition>, StoreError> =>
+  query("partitions.list", async () => {
+    const all: QueuePartition[] = []
+    for (const table of QUEUE_TABLES) all.push(...(await partitionsOf(db.db as AnyDb, db.schema, table)))
+    return all
+  })
+
+/** What `ensurePartitions` did. */
+export interface EnsureResult {
+  /** Partitions created now. */
+  readonly created: ReadonlyArray<{ readonly table: QueueTable; readonly name: string }>
+  /** Ranges left to the default partition, and why (rows of that range are already there). */
+  readonly skipped: ReadonlyArray<{
+    readonly table: QueueTable
+    readonly name: string
+    readonly reason: string
+  }>
+  /** Tables left alone: not partitioned (a schema before migration 0015). */
+  readonly notPartitioned: ReadonlyArray<QueueTable>
+}
+
+/**
+ * Creates the partitions that cover the database's `now()` to `now() + ahead`,
+ * each `every` long (aligned to it, in UTC), that do not exist yet. A range
+ * some of whose rows already sit in the default partition (no partition
+ * existed when they were written) is skipped: those rows stay where they
+ * are, and so does the rest of that range, so that every copy of a message
+ * keeps landing in one partition. Several processes may run it at once.
+ */
+export const ensurePartitions = (
+  db: Tables,
+  options: {
+    readonly aheadMs: number
+    readonly everyMs: number
+    readonly tables?: ReadonlyArray<QueueTable>
+  },
+): Effect.Effect<EnsureResult, StoreError> =>
+  query("partitions.ensure", async () => {
+    const created: Array<{ table: QueueTable; name: string }> = []
+    const skipped: Array<{ table: QueueTable; name: string; reason: string }> = []
+    const notPartitioned: QueueTable[] = []
+    const base = db.db as AnyDb
+    for (const table of options.tables ?? QUEUE_TABLES) {
+      if (!(await isPartitioned(base, db.schema, table))) {
+        notPartitioned.push(table)
+        continue
+      }
+      const nowMs = await dbNowMs(base)
+      const existing = await partitionsOf(base, db.schema, table)
+      const spans = existing.flatMap((p) => {
+        const fromMs = p.from?.at?.getTime()
+        const toMs = p.to?.at?.getTime()
+        return fromMs === undefined || toMs === undefined ? [] : [{ fromMs, toMs }]
+      })
+      for (const range of missingRanges(nowMs, options.aheadMs, options.everyMs, spans)) {
+        const name = partitionName(table, range.fromMs, options.everyMs)
+        const outcome = await base.transaction().execute(async (trx) => {
+          // One creator at a time per schema; the second finds the work done.
+          await sql`SELECT pg_advisory_xact_lock(${LOCK_NAMESPACE}, hashtext(${`${db.schema}.partitions`}))`.execute(
+            trx,
+          )
+          await sql`SET LOCAL lock_timeout = '5s'`.execute(trx)
+          const now = await partitionsOf(trx, db.schema, table)
+          if (now.some((p) => p.name === name)) return "exists" as const
+          const from = idBound(range.fromMs)
+          const to = idBound(range.toMs)
+          const fallback = now.find((p) => p.isDefault)
+          if (fallback !== undefined) {
+            const key = KEY_COLUMN[table]
+            const type = KEY_TYPE[table]
+            // sql: ONLY and a partition's name are outside Kysely's typed tables. The key's index answers.
+            const taken = await sql`SELECT 1 FROM ONLY ${sql.raw(qualified(db.schema, fallback.name))}
+              WHERE ${sql.ref(key)} >= ${from}::${sql.raw(type)} AND ${sql.ref(key)} < ${to}::${sql.raw(type)}
+              LIMIT 1`.execute(trx)
+            if (taken.rows.length > 0) return "taken" as const
+          }
+          // sql: DDL. LIKE then ATTACH, not PARTITION OF, which would lock the parent ACCESS EXCLUSIVE.
+          await sql
+            .raw(
+              `CREATE TABLE ${qualified(db.schema, name)} ` +
+                `(LIKE ${qualified(db.schema, table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+            )
+            .execute(trx)
+          await sql
+            .raw(
+              `ALTER TABLE ${qualified(db.schema, table)} ATTACH PARTITION ${qualified(db.schema, name)} ` +
+                `FOR VALUES FROM ('${from}') TO ('${to}')`,
+            )
+            .execute(trx)
+          return "created" as const
+        })
+        if (outcome === "created") created.push({ table, name })
+        else if (outcome === "taken")
+          skipped.push({ table, name, reason: "rows of this range are already in the default partition" })
+      }
+    }
+    return { created, skipped, notPartitioned }
+  })
+
+/** What `dropPartitions` decided for one partition old enough to be considered. */
+export interface DropDecision {
+  readonly table: QueueTable
+  readonly name: string
+  readonly to: Date
+  /** Dropped now (or, with `dryRun`, would be). */
+  readonly dropped: boolean
+  /** Why it stays, when it stays. */
+  readonly reason?: string
+}
+
+/** How old a partition must be to go. */
+export interface DropOptions {
+  /** A partition goes once its range ended this long ago (and it holds nothing still to do). */
+  readonly olderThanMs: number
+  /**
+   * The inbox's dedupe window: an inbox partition goes only once its range
+   * ended at least this long ago, and its last processed row was processed
+   * at least this long ago (a message whose id is not a UUIDv7 can land in a
+   * day's range whatever its time). Must cover the broker's longest
+   * redelivery: a copy that arrives after its partition went is applied again.
+   */
+  readonly dedupeWindowMs: number
+  readonly tables?: ReadonlyArray<QueueTable>
+  /** Decide, drop nothing. */
+  readonly dryRun?: boolean
+}
+
+/**
+ * Drops the partitions whose range ended more than `olderThan` ago (the inbox's:
+ * more than the larger of it and the dedupe window) and that hold no pending
+ * and no dead row; reports the others that are old enough and why they stay.
+ * The default partition is never dropped. Each drop takes the parent's lock
+ * (ACCESS EXCLUSIVE, waiting at most 2 s for it), checks again under it, and
+ * drops, so a row that arrived meanwhile is never lost.
+ */
+export const dropPartitions = (
+  db: Tables,
+  options: DropOptions,
+): Effect.Effect<ReadonlyArray<DropDecision>, StoreError> =>
+  query("partitions.drop", async () => {
+    const base = db.db as AnyDb
+    const decisions: DropDecision[] = []
+    for (const table of options.tables ?? QUEUE_TABLES) {
+      if (!(await isPartitioned(base, db.schema, table))) continue
+      const nowMs = await dbNowMs(base)
+      const keepMs =
+        table === "inbox" ? Math.max(options.olderThanMs, options.dedupeWindowMs) : options.olderThanMs
+      for (const p of await partitionsOf(base, db.schema, table)) {
+        const toMs = p.to?.at?.getTime()
+        if (p.isDefault || toMs === undefined || toMs > nowMs - keepMs) continue
+        const reason = await base.transaction().execute(async (trx) => {
+          await sql`SET LOCAL lock_timeout = '2s'`.execute(trx)
+          if (!options.dryRun)
+            await sql.raw(`LOCK TABLE ${qualified(db.schema, table)} IN ACCESS EXCLUSIVE MODE`).execute(trx)
+          const why = await whyKept(trx, db.schema, table, p.name, options.dedupeWindowMs)
+          if (why === undefined && !options.dryRun)
+            await sql.raw(`DROP TABLE ${qualified(db.schema, p.name)}`).execute(trx)
+          return why
+        })
+        decisions.push({
+          table,
+          name: p.name,
+          to: new Date(toMs),
+          dropped: reason === undefined,
+          ...(reason === undefined ? {} : { reason }),
+        })
+      }
+    }
+    return decisions
+  })
+
+/** Why partition `name` must stay; undefined when it may go. Each probe is answered by a partial index. */
+const whyKept = async (
+  db: AnyDb,
+  schema: string,
+  table: QueueTable,
+  name: string,
+  dedupeWindowMs: number,
+): Promise<string | undefined> => {
+  const partition = sql.raw(`ONLY ${qualified(schema, name)}`)
+  // sql: a partition by name (ONLY), outside Kysely's typed tables.
+  const pending = await sql`SELECT 1 FROM ${partition} WHERE status = 'pending' LIMIT 1`.execute(db)
+  if (pending.rows.length > 0) return "holds pending rows"
+  const dead = await sql`SELECT 1 FROM ${partition} WHERE status = 'dead' LIMIT 1`.execute(db)
+  if (dead.rows.length > 0) return "holds dead rows (redrive or skip them first: txbox dead)"
+  if (table === "inbox") {
+    const recent = await sql`SELECT 1 FROM ${partition} WHERE status = 'processed'
+      AND processed_at > now() - ${dedupeWindowMs}::float8 * interval '1 millisecond' LIMIT 1`.execute(db)
+    if (recent.rows.length > 0) return "holds rows processed inside the dedupe window"
+  }
+  return undefined
+}
+
+/** `OutboxStore.keepPartitions`: the outbox's partitions ahead created; given `dropOlderThanMs`, old ones dropped. */
+export const keepOutboxPartitions = (
+  db: Tables,
+  options: { readonly aheadMs: number; readonly everyMs: number; readonly dropOlderThanMs?: number },
+): Effect.Effect<
+  { readonly created: ReadonlyArray<string>; readonly dropped: ReadonlyArray<string> },
+  StoreError
+> =>
+  Effect.gen(function* () {
+    const made = yield* ensurePartitions(db, { ...options, tables: ["outbox"] })
+    const gone =
+      options.dropOlderThanMs === undefined
+        ? []
+        : yield* dropPartitions(db, {
+            olderThanMs: options.dropOlderThanMs,
+            dedupeWindowMs: 0,
+            tables: ["outbox"],
+          })
+    return {
+      created: made.created.map((c) => c.name),
+      dropped: gone.filter((d) => d.dropped).map((d) => d.name),
+    }
+  })

@@ -1,0 +1,241 @@
+// The partitioned outbox and inbox (migration 0015, issue #26) on real PostgreSQL: the migration
+// from the plain tables with rows in them, partitions created ahead, dedupe across partitions, and
+// drops refused while a partition holds pending or dead rows or is inside the dedupe window.
+// Counted from the tables and the catalog, never from what the code under test reports.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test"
+import { spawn } from "node:child_process"
+import { fileURLToPath } from "node:url"
+import { Effect } from "effect"
+import { type Kysely, sql } from "kysely"
+import * as v from "valibot"
+import { defineEvent } from "../../src/Contract.ts"
+import { uuidv7 } from "../../src/core/uuid.ts"
+import * as Outbox from "../../src/Outbox.ts"
+import { migrations } from "../../src/storage/sql/migrations.generated.ts"
+import { migrate } from "../../src/storage/sql/migrator.ts"
+import { DAY_MS, idBound, partitionName } from "../../src/storage/sql/partitionBounds.ts"
+import { dropPartitions, ensurePartitions, listPartitions } from "../../src/storage/sql/partitions.ts"
+import { createTestDatabase, type TestDatabase } from "../support/db.ts"
+import { type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
+
+const Ping = defineEvent({ type: "part.ping", version: 1, schema: v.object({ n: v.number() }) })
+const MAIN = fileURLToPath(new URL("../../src/cli/main.ts", import.meta.url))
+
+// biome-ignore lint/suspicious/noExplicitAny: test database
+type Db = Kysely<any>
+
+/** Which partition holds the outbox row `id` / the inbox row `messageId`, by the catalog. */
+const outboxHome = async (db: Db, id: string) =>
+  (
+    await sql<{
+      home: string
+    }>`SELECT tableoid::regclass::text AS home FROM txbox.outbox WHERE id = ${id}`.execute(db)
+  ).rows[0]?.home
+const inboxHomes = async (db: Db, messageId: string) =>
+  (
+    await sql<{
+      home: string
+    }>`SELECT tableoid::regclass::text AS home FROM txbox.inbox WHERE message_id = ${messageId}`.execute(db)
+  ).rows.map((r) => r.home)
+
+/** A UUIDv7 made at `ms` (uuidv7's own layout, the time replaced). */
+const idAt = (ms: number) => {
+  const hex = ms.toString(16).padStart(12, "0")
+  const rest = uuidv7().slice(14)
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${rest}`
+}
+
+/** A partition of `table` for the day starting at `dayMs`, made by hand (a past day, which `ensurePartitions` never makes). */
+const attachDay = async (db: Db, table: "outbox" | "inbox", dayMs: number) => {
+  const name = partitionName(table, dayMs, DAY_MS)
+  await sql
+    .raw(
+      `CREATE TABLE txbox.${name} (LIKE txbox.${table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+       ALTER TABLE txbox.${table} ATTACH PARTITION txbox.${name} FOR VALUES FROM ('${idBound(dayMs)}') TO ('${idBound(dayMs + DAY_MS)}')`,
+    )
+    .execute(db)
+  return name
+}
+
+const storeInbox = (
+  db: Db,
+  messageId: string,
+  status: "pending" | "processed" | "dead",
+  processedAgo = "0",
+) =>
+  sql`INSERT INTO txbox.inbox (message_id, consumer, type, version, status, processed_at)
+      VALUES (${messageId}, 'billing', 'part.ping', 1, ${status},
+              CASE WHEN ${status} = 'processed' THEN now() - ${processedAgo}::interval END)
+      ON CONFLICT (message_id, consumer) DO NOTHING`.execute(db)
+
+const txbox = (
+  args: ReadonlyArray<string>,
+): Promise<{ code: number | null; stdout: string; stderr: string }> =>
+  new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [MAIN, ...args], { stdio: ["ignore", "pipe", "pipe"] })
+    let stdout = ""
+    let stderr = ""
+    child.stdout.on("data", (d) => (stdout += d))
+    child.stderr.on("data", (d) => (stderr += d))
+    child.on("error", reject)
+    child.on("close", (code) => resolve({ code, stdout, stderr }))
+  })
+
+describe("migration 0015 from the plain tables", () => {
+  let t: TestDatabase
+  let db: Db
+  beforeAll(async () => {
+    t = await createTestDatabase("partitions_upgrade")
+    const { Kysely: K, PostgresDialect } = await import("kysely")
+    const pg = (await import("pg")).default
+    db = new K({ dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: t.url, max: 2 }) }) })
+  })
+  afterAll(async () => {
+    await db.destroy()
+    await t.drop()
+  })
+
+  test("rows written before it stay, readable and deduped, in the default partition", async () => {
+    await Effect.runPromise(migrate(db, { migrations: migrations.filter((m) => m.version < 15) }))
+    const v4 = crypto.randomUUID()
+    const events = Array.from({ length: 50 }, (_, n) => ({ contract: Ping, payload: { n } }))
+    const written = await db
+      .transaction()
+      .execute((trx) => Effect.runPromise(Outbox.enqueueMany(trx, events)))
+    await sql`UPDATE txbox.outbox SET status = 'dead' WHERE id = ${written[0]!.id}`.execute(db)
+    await storeInbox(db, v4, "processed")
+    await storeInbox(db, written[1]!.id, "pending")
+
+    const result = await Effect.runPromise(migrate(db))
+    expect(result.applied.map((m) => m.version)).toEqual([15])
+    const counts = await sql<{ status: string; n: string }>`
+      SELECT status, count(*)::text AS n FROM txbox.outbox GROUP BY status ORDER BY status`.execute(db)
+    expect(counts.rows).toEqual([
+      { status: "dead", n: "1" },
+      { status: "pending", n: "49" },
+    ])
+    expect(await outboxHome(db, written[5]!.id)).toBe("txbox.outbox_default")
+    // The primary key still refuses a second copy of a stored message.
+    await storeInbox(db, v4, "processed")
+    await storeInbox(db, written[1]!.id, "pending")
+    expect(await inboxHomes(db, v4)).toEqual(["txbox.inbox_default"])
+    expect(await inboxHomes(db, written[1]!.id)).toEqual(["txbox.inbox_default"])
+    // Today's rows are in the default partition: today's range is left to it, the next days are made.
+    const made = await Effect.runPromise(
+      ensurePartitions({ db, schema: "txbox" }, { aheadMs: 2 * DAY_MS, everyMs: DAY_MS }),
+    )
+    expect(made.skipped.map((s) => s.table)).toEqual(["outbox", "inbox"])
+    expect(made.created.length).toBe(4)
+    // A row of today still goes to the default partition, so its copies meet it there.
+    const later = await db
+      .transaction()
+      .execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Ping, { n: 99 })))
+    expect(await outboxHome(db, later.id)).toBe("txbox.outbox_default")
+  })
+})
+
+describe("partitions", () => {
+  let t: MigratedDatabase
+  const tables = () => ({ db: t.db, schema: "txbox" })
+  beforeAll(async () => {
+    t = await migratedDatabase("partitions")
+  })
+  afterAll(async () => {
+    await t?.close()
+  })
+
+  test("created ahead: a new message lands in its day's partition, and so does every copy of it", async () => {
+    const made = await Effect.runPromise(ensurePartitions(tables(), { aheadMs: 2 * DAY_MS, everyMs: DAY_MS }))
+    expect(made.skipped).toEqual([])
+    expect(made.created.length).toBeGreaterThanOrEqual(4)
+    // Idempotent: a second run makes nothing.
+    const again = await Effect.runPromise(
+      ensurePartitions(tables(), { aheadMs: 2 * DAY_MS, everyMs: DAY_MS }),
+    )
+    expect(again.created).toEqual([])
+
+    const sent = await t.db
+      .transaction()
+      .execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Ping, { n: 1 })))
+    const today = partitionName("outbox", Math.floor(Date.now() / DAY_MS) * DAY_MS, DAY_MS)
+    expect(await outboxHome(t.db, sent.id)).toBe(`txbox.${today}`)
+
+    // The same message stored, then redelivered after the next day's partition opened: one row.
+    await storeInbox(t.db, sent.id, "processed")
+    const tomorrow = Math.floor(Date.now() / DAY_MS) * DAY_MS + DAY_MS
+    await storeInbox(t.db, idAt(tomorrow + 1000), "processed")
+    await storeInbox(t.db, sent.id, "processed")
+    expect(await inboxHomes(t.db, sent.id)).toEqual([`txbox.${today.replace("outbox", "inbox")}`])
+    // Ids that are not UUIDv7 (a business key, a v4) go to the default partition.
+    await storeInbox(t.db, "order-42:billing", "processed")
+    await storeInbox(t.db, "order-42:billing", "processed")
+    expect(await inboxHomes(t.db, "order-42:billing")).toEqual(["txbox.inbox_default"])
+  })
+
+  test("a drop is refused while a partition holds a pending or a dead row, or is inside the dedupe window", async () => {
+    const day = (n: number) => Math.floor(Date.now() / DAY_MS) * DAY_MS - n * DAY_MS
+    const pendingDay = await attachDay(t.db, "outbox", day(20))
+    const deadDay = await attachDay(t.db, "outbox", day(19))
+    const cleanDay = await attachDay(t.db, "outbox", day(18))
+    const recentInbox = await attachDay(t.db, "inbox", day(20))
+    const oldInbox = await attachDay(t.db, "inbox", day(19))
+    const insertOutbox = (ms: number, status: string) =>
+      sql`INSERT INTO txbox.outbox (id, type, version, payload, status) VALUES (${idAt(ms)}, 'part.ping', 1, '{}', ${status})`.execute(
+        t.db,
+      )
+    await insertOutbox(day(20) + 5000, "pending")
+    await insertOutbox(day(19) + 5000, "dead")
+    await insertOutbox(day(18) + 5000, "sent")
+    // A processed copy of a non-v7 id that happens to fall in a past day's range, processed an hour ago.
+    await storeInbox(t.db, idAt(day(20) + 7000), "processed", "1 hour")
+    await storeInbox(t.db, idAt(day(19) + 7000), "processed", "15 days")
+
+    const dry = await Effect.runPromise(
+      dropPartitions(tables(), { olderThanMs: 7 * DAY_MS, dedupeWindowMs: 14 * DAY_MS, dryRun: true }),
+    )
+    const byName = new Map(dry.map((d) => [d.name, d]))
+    expect(byName.get(pendingDay)?.reason).toBe("holds pending rows")
+    expect(byName.get(deadDay)?.reason).toContain("holds dead rows")
+    expect(byName.get(cleanDay)?.dropped).toBe(true)
+    expect(byName.get(recentInbox)?.reason).toBe("holds rows processed inside the dedupe window")
+    expect(byName.get(oldInbox)?.dropped).toBe(true)
+    expect(dry.some((d) => d.name.endsWith("_default"))).toBe(false)
+    // The dry run dropped nothing.
+    expect((await Effect.runPromise(listPartitions(tables()))).some((p) => p.name === cleanDay)).toBe(true)
+
+    const done = await Effect.runPromise(
+      dropPartitions(tables(), { olderThanMs: 7 * DAY_MS, dedupeWindowMs: 14 * DAY_MS }),
+    )
+    expect(
+      done
+        .filter((d) => d.dropped)
+        .map((d) => d.name)
+        .sort(),
+    ).toEqual([cleanDay, oldInbox].sort())
+    const left = (await Effect.runPromise(listPartitions(tables()))).map((p) => p.name)
+    expect(left).not.toContain(cleanDay)
+    expect(left).not.toContain(oldInbox)
+    expect(left).toContain(pendingDay)
+    expect(left).toContain(deadDay)
+    expect(left).toContain(recentInbox)
+    // The pending and dead rows are all still there.
+    const kept = await sql<{
+      n: string
+    }>`SELECT count(*)::text AS n FROM txbox.outbox WHERE status IN ('pending', 'dead')
+      AND id >= ${idBound(day(20))}::uuid AND id < ${idBound(day(18))}::uuid`.execute(t.db)
+    expect(kept.rows[0]!.n).toBe("2")
+  })
+
+  test("txbox partitions list and drop --dry-run, from the command line", async () => {
+    const list = await txbox(["partitions", "list", "--url", t.url])
+    expect(list.code).toBe(0)
+    expect(list.stdout).toContain("outbox_default")
+    expect(list.stdout).toContain("DEFAULT")
+    const drop = await txbox(["partitions", "drop", "--older-than", "7d", "--dry-run", "--url", t.url])
+    expect(drop.code).toBe(0)
+    expect(drop.stdout).toMatch(/outbox: kept outbox_p\d{8}: holds pending rows/)
+    const bad = await txbox(["partitions", "create", "--every", "5h", "--url", t.url])
+    expect(bad.code).toBe(2)
+    expect(bad.stderr).toContain("--every 5h")
+  })
+})
