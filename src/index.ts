@@ -74,6 +74,7 @@ export {
   type TransportShape,
 } from "./ports/Transport.ts"
 export type {
+  ArchivedColumns,
   HousekeepingLeasesTable,
   InboxBindingsTable,
   InboxConsumersTable,

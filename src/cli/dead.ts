@@ -59,6 +59,8 @@ const deadRows = (filter: opsSql.DeadFilter, n: number) =>
 export const renderList = (filter: opsSql.DeadFilter, rows: ReadonlyArray<opsSql.DeadRow>, limit: number) => {
   if (rows.length === 0) return `no ${deadRows(filter, 0)} match`
   const inbox = filter.table === "inbox"
+  // The column shows only when some row was archived (its partition dropped: migration 0016).
+  const archive = rows.some((r) => r.archived)
   const headers = [
     inbox ? "MESSAGE ID" : "ID",
     ...(inbox ? ["CONSUMER"] : []),
@@ -66,6 +68,7 @@ export const renderList = (filter: opsSql.DeadFilter, rows: ReadonlyArray<opsSql
     "TENANT",
     "ATTEMPTS",
     inbox ? "RECEIVED" : "OCCURRED",
+    ...(archive ? ["ARCHIVED"] : []),
     "LAST ERROR",
   ]
   const body = rows.map((r) => [
@@ -75,11 +78,16 @@ export const renderList = (filter: opsSql.DeadFilter, rows: ReadonlyArray<opsSql
     r.tenant ?? "-",
     String(r.attempts),
     r.time.toISOString(),
+    ...(archive ? [r.archived ? "yes" : "no"] : []),
     oneLine(r.last_error, 100),
   ])
-  const align = inbox
-    ? (["left", "left", "left", "left", "right", "left", "left"] as const)
-    : (["left", "left", "left", "right", "left", "left"] as const)
+  const align = [
+    ...(["left", "left", "left"] as const),
+    ...(inbox ? (["left"] as const) : []),
+    ...(["right", "left"] as const),
+    ...(archive ? (["left"] as const) : []),
+    "left" as const,
+  ]
   const footer =
     rows.length === limit
       ? `${rows.length} ${deadRows(filter, rows.length)} (the newest ${limit}; --limit shows more)`

@@ -169,6 +169,12 @@ export interface HousekeepingLeasesTable {
   held_until: Date
 }
 
+/** What an archive row has beyond its table's columns (migration 0016). */
+export interface ArchivedColumns {
+  /** When `txbox partitions drop` moved it out of its partition. */
+  archived_at: ColumnType<Date, Date | undefined, never>
+}
+
 /** txbox's tables, unqualified; the store binds them to the configured schema with `withSchema`. */
 export interface TxboxDatabase {
   /** Messages enqueued for the relay to publish. */
@@ -185,6 +191,10 @@ export interface TxboxDatabase {
   partition_counters: PartitionCountersTable
   /** Which process runs each housekeeping task (the lag probe, retention), until when. */
   housekeeping_leases: HousekeepingLeasesTable
+  /** Dead outbox rows moved out of a dropped partition (migration 0016), ids unchanged. */
+  outbox_archive: OutboxTable & ArchivedColumns
+  /** Dead inbox rows moved out of a dropped partition (migration 0016), keys unchanged. */
+  inbox_archive: InboxTable & ArchivedColumns
   /** The migrations applied. */
   txbox_migrations: MigrationsTable
 }

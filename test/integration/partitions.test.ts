@@ -107,7 +107,7 @@ describe("migration 0015 from the plain tables", () => {
     await storeInbox(db, written[1]!.id, "pending")
 
     const result = await Effect.runPromise(migrate(db))
-    expect(result.applied.map((m) => m.version)).toEqual([15])
+    expect(result.applied.map((m) => m.version)).toEqual([15, 16])
     const counts = await sql<{ status: string; n: string }>`
       SELECT status, count(*)::text AS n FROM txbox.outbox GROUP BY status ORDER BY status`.execute(db)
     expect(counts.rows).toEqual([
@@ -172,58 +172,84 @@ describe("partitions", () => {
     expect(await inboxHomes(t.db, "order-42:billing")).toEqual(["txbox.inbox_default"])
   })
 
-  test("a drop is refused while a partition holds a pending or a dead row, or is inside the dedupe window", async () => {
+  test("a drop is refused while a partition holds a pending row or is inside the dedupe window; dead rows go to the archive", async () => {
     const day = (n: number) => Math.floor(Date.now() / DAY_MS) * DAY_MS - n * DAY_MS
     const pendingDay = await attachDay(t.db, "outbox", day(20))
     const deadDay = await attachDay(t.db, "outbox", day(19))
     const cleanDay = await attachDay(t.db, "outbox", day(18))
     const recentInbox = await attachDay(t.db, "inbox", day(20))
     const oldInbox = await attachDay(t.db, "inbox", day(19))
-    const insertOutbox = (ms: number, status: string) =>
-      sql`INSERT INTO txbox.outbox (id, type, version, payload, status) VALUES (${idAt(ms)}, 'part.ping', 1, '{}', ${status})`.execute(
-        t.db,
-      )
+    const orderedDeadInbox = await attachDay(t.db, "inbox", day(18))
+    const insertOutbox = async (ms: number, status: string) => {
+      const id = idAt(ms)
+      await sql`INSERT INTO txbox.outbox (id, type, version, payload, status, last_error)
+        VALUES (${id}, 'part.ping', 1, '{"n":7}', ${status}, 'boom')`.execute(t.db)
+      return id
+    }
     await insertOutbox(day(20) + 5000, "pending")
-    await insertOutbox(day(19) + 5000, "dead")
+    const deadId = await insertOutbox(day(19) + 5000, "dead")
+    await insertOutbox(day(19) + 6000, "sent")
     await insertOutbox(day(18) + 5000, "sent")
     // A processed copy of a non-v7 id that happens to fall in a past day's range, processed an hour ago.
     await storeInbox(t.db, idAt(day(20) + 7000), "processed", "1 hour")
     await storeInbox(t.db, idAt(day(19) + 7000), "processed", "15 days")
+    const deadInbox = idAt(day(19) + 8000)
+    await storeInbox(t.db, deadInbox, "dead")
+    // A dead message of an ordered key: its key waits on it, so its partition stays.
+    await sql`INSERT INTO txbox.inbox (message_id, consumer, type, version, status, partition_key, partition_epoch, partition_seq)
+      VALUES (${idAt(day(18) + 9000)}, 'billing', 'part.ping', 1, 'dead', 'k', 1, 3)`.execute(t.db)
 
-    const dry = await Effect.runPromise(
-      dropPartitions(tables(), { olderThanMs: 7 * DAY_MS, dedupeWindowMs: 14 * DAY_MS, dryRun: true }),
-    )
+    const options = { olderThanMs: 7 * DAY_MS, dedupeWindowMs: 14 * DAY_MS }
+    const dry = await Effect.runPromise(dropPartitions(tables(), { ...options, dryRun: true }))
     const byName = new Map(dry.map((d) => [d.name, d]))
     expect(byName.get(pendingDay)?.reason).toBe("holds pending rows")
-    expect(byName.get(deadDay)?.reason).toContain("holds dead rows")
-    expect(byName.get(cleanDay)?.dropped).toBe(true)
+    expect(byName.get(deadDay)).toMatchObject({ dropped: true, archived: 1 })
+    expect(byName.get(cleanDay)).toMatchObject({ dropped: true, archived: 0 })
     expect(byName.get(recentInbox)?.reason).toBe("holds rows processed inside the dedupe window")
-    expect(byName.get(oldInbox)?.dropped).toBe(true)
+    expect(byName.get(oldInbox)).toMatchObject({ dropped: true, archived: 1 })
+    expect(byName.get(orderedDeadInbox)?.reason).toContain("holds dead ordered messages")
     expect(dry.some((d) => d.name.endsWith("_default"))).toBe(false)
-    // The dry run dropped nothing.
+    // The dry run dropped and archived nothing.
     expect((await Effect.runPromise(listPartitions(tables()))).some((p) => p.name === cleanDay)).toBe(true)
+    expect((await sql`SELECT 1 FROM txbox.outbox_archive`.execute(t.db)).rows.length).toBe(0)
 
-    const done = await Effect.runPromise(
-      dropPartitions(tables(), { olderThanMs: 7 * DAY_MS, dedupeWindowMs: 14 * DAY_MS }),
-    )
+    const done = await Effect.runPromise(dropPartitions(tables(), options))
     expect(
       done
         .filter((d) => d.dropped)
         .map((d) => d.name)
         .sort(),
-    ).toEqual([cleanDay, oldInbox].sort())
+    ).toEqual([cleanDay, deadDay, oldInbox].sort())
     const left = (await Effect.runPromise(listPartitions(tables()))).map((p) => p.name)
-    expect(left).not.toContain(cleanDay)
-    expect(left).not.toContain(oldInbox)
-    expect(left).toContain(pendingDay)
-    expect(left).toContain(deadDay)
-    expect(left).toContain(recentInbox)
-    // The pending and dead rows are all still there.
-    const kept = await sql<{
+    for (const gone of [cleanDay, deadDay, oldInbox]) expect(left).not.toContain(gone)
+    for (const kept of [pendingDay, recentInbox, orderedDeadInbox]) expect(left).toContain(kept)
+    // The pending row is where it was; the dead ones are in the archives, every column unchanged.
+    const pending = await sql<{
       n: string
-    }>`SELECT count(*)::text AS n FROM txbox.outbox WHERE status IN ('pending', 'dead')
+    }>`SELECT count(*)::text AS n FROM txbox.outbox WHERE status = 'pending'
       AND id >= ${idBound(day(20))}::uuid AND id < ${idBound(day(18))}::uuid`.execute(t.db)
-    expect(kept.rows[0]!.n).toBe("2")
+    expect(pending.rows[0]!.n).toBe("1")
+    const archived = await sql<{ id: string; status: string; payload: unknown; last_error: string }>`
+      SELECT id::text, status, payload, last_error FROM txbox.outbox_archive`.execute(t.db)
+    expect(archived.rows).toEqual([{ id: deadId, status: "dead", payload: { n: 7 }, last_error: "boom" }])
+    const inboxArchived = await sql<{
+      message_id: string
+    }>`SELECT message_id FROM txbox.inbox_archive`.execute(t.db)
+    expect(inboxArchived.rows).toEqual([{ message_id: deadInbox }])
+
+    // `txbox dead` lists the archived row, and a redrive brings it back, pending, with its id.
+    const list = await txbox(["dead", "list", "--url", t.url])
+    expect(list.code).toBe(0)
+    expect(list.stdout).toContain(deadId)
+    expect(list.stdout).toContain("ARCHIVED")
+    const redrive = await txbox(["dead", "redrive", "--id", deadId, "--url", t.url])
+    expect(redrive.code).toBe(0)
+    const back = await sql<{ status: string; attempts: number; home: string }>`
+      SELECT status, attempts, tableoid::regclass::text AS home FROM txbox.outbox WHERE id = ${deadId}`.execute(
+      t.db,
+    )
+    expect(back.rows).toEqual([{ status: "pending", attempts: 0, home: "txbox.outbox_default" }])
+    expect((await sql`SELECT 1 FROM txbox.outbox_archive`.execute(t.db)).rows.length).toBe(0)
   })
 
   test("txbox partitions list and drop --dry-run, from the command line", async () => {

@@ -68,11 +68,13 @@ describe("PGlite store", () => {
     expect(tables.rows.map((r) => r.table_name)).toEqual([
       "housekeeping_leases",
       "inbox",
+      "inbox_archive",
       "inbox_bindings",
       "inbox_consumers",
       "inbox_cursors",
       "inbox_default",
       "outbox",
+      "outbox_archive",
       "outbox_default",
       "partition_counters",
       "txbox_migrations",

@@ -21,12 +21,14 @@ import {
   type SqlBool,
   sql,
 } from "kysely"
+import { quoteIdent } from "../../core/identifier.ts"
 import type { StoreError } from "../../Errors.ts"
 import type { DatabaseShape } from "../../ports/Database.ts"
 import type { InboxStatus, OutboxStatus as OutboxRowStatus, TxboxDatabase } from "../../ports/tables.ts"
 import { classifyDbError } from "./errors.ts"
 import { upsertCursors, waitsForOf } from "./fragments.ts"
 import { afterOf, isEarly, isNext } from "./partitionGate.ts"
+import { columnsOf } from "./partitions.ts"
 
 const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
   Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(
@@ -524,75 +526,100 @@ export interface DeadRow {
   readonly last_error: string | null
   /** `occurred_at` (outbox) or `received_at` (inbox). */
   readonly time: Date
+  /** In `<table>_archive`: its partition was dropped (migration 0016); a redrive brings it back. */
+  readonly archived: boolean
 }
 
-/** The newest `limit` dead rows matching `filter`. */
+// An archive (migration 0016) under its table's name: the same columns (and `archived_at`, never
+// read here), so the same filters and selects apply; typed as the table for Kysely.
+const outboxOrArchive = (archive: boolean) => (archive ? "outbox_archive as outbox" : "outbox") as "outbox"
+const inboxOrArchive = (archive: boolean) => (archive ? "inbox_archive as inbox" : "inbox") as "inbox"
+
+/** The newest `limit` dead rows of `from` (the table or its archive) matching `filter`. */
+const deadRowsOf = async (
+  db: DatabaseShape,
+  filter: DeadFilter,
+  limit: number,
+  archive: boolean,
+): Promise<ReadonlyArray<Omit<DeadRow, "table" | "archived">>> =>
+  filter.table === "outbox"
+    ? await tables(db)
+        // The archive under the table's name: the same columns, so the same filter and select.
+        .selectFrom(outboxOrArchive(archive))
+        .select((eb) => [
+          eb.cast<string>("id", "text").as("id"),
+          eb.cast<string | null>(eb.lit(null), "text").as("consumer"),
+          "type",
+          "tenant_id as tenant",
+          "attempts",
+          "last_error",
+          "occurred_at as time",
+        ])
+        .where(outboxDead(filter))
+        // `id` here is the output column (the text cast), as it always was.
+        .orderBy("occurred_at", "desc")
+        .orderBy("id", "desc")
+        .limit(int4(limit))
+        .execute()
+    : await tables(db)
+        .selectFrom(inboxOrArchive(archive))
+        .select([
+          "message_id as id",
+          "consumer",
+          "type",
+          "tenant_id as tenant",
+          "attempts",
+          "last_error",
+          "received_at as time",
+        ])
+        .where(inboxDead(filter))
+        .orderBy("received_at", "desc")
+        .orderBy("message_id", "desc")
+        .orderBy("consumer")
+        .limit(int4(limit))
+        .execute()
+
+/** The newest `limit` dead rows matching `filter`, in the table and in its archive (migration 0016). */
 export const listDead = (
   db: DatabaseShape,
   filter: DeadFilter,
   limit: number,
 ): Effect.Effect<ReadonlyArray<DeadRow>, StoreError> =>
   query("dead.list", async () => {
-    const rows: ReadonlyArray<Omit<DeadRow, "table">> =
-      filter.table === "outbox"
-        ? await tables(db)
-            .selectFrom("outbox")
-            .select((eb) => [
-              eb.cast<string>("id", "text").as("id"),
-              eb.cast<string | null>(eb.lit(null), "text").as("consumer"),
-              "type",
-              "tenant_id as tenant",
-              "attempts",
-              "last_error",
-              "occurred_at as time",
-            ])
-            .where(outboxDead(filter))
-            // `id` here is the output column (the text cast), as it always was.
-            .orderBy("occurred_at", "desc")
-            .orderBy("id", "desc")
-            .limit(int4(limit))
-            .execute()
-        : await tables(db)
-            .selectFrom("inbox")
-            .select([
-              "message_id as id",
-              "consumer",
-              "type",
-              "tenant_id as tenant",
-              "attempts",
-              "last_error",
-              "received_at as time",
-            ])
-            .where(inboxDead(filter))
-            .orderBy("received_at", "desc")
-            .orderBy("message_id", "desc")
-            .orderBy("consumer")
-            .limit(int4(limit))
-            .execute()
-    return rows.map((r) => ({
+    const tagged = (archived: boolean) => (r: Omit<DeadRow, "table" | "archived">) => ({
       table: filter.table,
       ...r,
       attempts: int(r.attempts),
       time: new Date(r.time),
-    }))
+      archived,
+    })
+    const live = (await deadRowsOf(db, filter, limit, false)).map(tagged(false))
+    const archived = (await deadRowsOf(db, filter, limit, true)).map(tagged(true))
+    return [...live, ...archived]
+      .sort((a, b) => b.time.getTime() - a.time.getTime() || (a.id < b.id ? 1 : a.id > b.id ? -1 : 0))
+      .slice(0, limit)
   })
 
-/** How many dead rows match (what `dead redrive --dry-run` reports). */
+/** How many dead rows match (what `dead redrive --dry-run` reports), the archived ones included. */
 export const countDead = (db: DatabaseShape, filter: DeadFilter): Effect.Effect<number, StoreError> =>
   query("dead.count", async () => {
-    const row =
-      filter.table === "outbox"
-        ? await tables(db)
-            .selectFrom("outbox")
-            .select((eb) => eb.fn.countAll().as("n"))
-            .where(outboxDead(filter))
-            .executeTakeFirst()
-        : await tables(db)
-            .selectFrom("inbox")
-            .select((eb) => eb.fn.countAll().as("n"))
-            .where(inboxDead(filter))
-            .executeTakeFirst()
-    return int(row?.n)
+    let n = 0
+    for (const archive of [false, true]) {
+      const row =
+        filter.table === "outbox"
+          ? await tables(db)
+              .selectFrom(outboxOrArchive(archive))
+              .select((eb) => eb.fn.countAll().as("n"))
+              .where(outboxDead(filter))
+              .executeTakeFirst()
+          : await tables(db)
+              .selectFrom(inboxOrArchive(archive))
+              .select((eb) => eb.fn.countAll().as("n"))
+              .where(inboxDead(filter))
+              .executeTakeFirst()
+      n += int(row?.n)
+    }
+    return n
   })
 
 /**
@@ -600,7 +627,8 @@ export const countDead = (db: DatabaseShape, filter: DeadFilter): Effect.Effect<
  * store-then-process processor (inbox): pending, due now, a fresh attempt
  * budget and no lease. `last_error` stays, so the next failure can be compared
  * with the last one. Safe to repeat: a message that was in fact delivered is
- * absorbed by the consumers' inbox.
+ * absorbed by the consumers' inbox. Archived rows (migration 0016) come back
+ * into the table the same way, once the live ones are done.
  */
 export const redriveDead = (
   db: DatabaseShape,
@@ -653,7 +681,63 @@ export const redriveDead = (
             .whereRef("i.consumer", "=", "picked.consumer")
             .where("i.status", "=", DEAD)
             .executeTakeFirst()
-    return int(result.numUpdatedRows)
+    const live = int(result.numUpdatedRows)
+    return live < limit ? live + (await restoreArchived(db, filter, limit - live)) : live
+  })
+
+/** Columns a restored archive row gets anew: pending, due now, a fresh budget, no lease. */
+const RESTORED: Readonly<Record<string, string>> = {
+  status: "'pending'",
+  attempts: "0",
+  visible_at: "now()",
+  lock_token: "NULL",
+}
+
+/**
+ * Moves up to `limit` matching archived dead rows back into their table,
+ * pending (into the default partition when their day's partition is gone);
+ * one transaction, so a row is in one place or the other, never both or
+ * neither.
+ */
+const restoreArchived = (db: DatabaseShape, filter: DeadFilter, limit: number): Promise<number> =>
+  (db.db as Kysely<TxboxDatabase>).transaction().execute(async (trx) => {
+    const t = trx.withSchema(db.schema)
+    const table = filter.table
+    const picked =
+      table === "outbox"
+        ? (
+            await t
+              .selectFrom(outboxOrArchive(true))
+              .select((eb) => eb.cast<string>("id", "text").as("key"))
+              .where(outboxDead(filter))
+              .limit(int4(limit))
+              .forUpdate()
+              .skipLocked()
+              .execute()
+          ).map((r) => [r.key, ""] as const)
+        : (
+            await t
+              .selectFrom(inboxOrArchive(true))
+              .select(["message_id", "consumer"])
+              .where(inboxDead(filter))
+              .limit(int4(limit))
+              .forUpdate()
+              .skipLocked()
+              .execute()
+          ).map((r) => [r.message_id, r.consumer] as const)
+    if (picked.length === 0) return 0
+    const columns = await columnsOf(trx, db.schema, table)
+    const values = columns.map((c) => RESTORED[c] ?? `m.${c}`).join(", ")
+    const archive = `${quoteIdent(db.schema)}.${quoteIdent(`${table}_archive`)}`
+    const match =
+      table === "outbox"
+        ? sql`id::text = ANY(${picked.map(([id]) => id)}::text[])`
+        : sql`(message_id, consumer) IN (SELECT * FROM unnest(${picked.map(([id]) => id)}::text[], ${picked.map(([, c]) => c)}::text[]))`
+    // sql: a move between the archive and its table, their columns by name from the catalog.
+    const moved = await sql`WITH m AS (DELETE FROM ${sql.raw(archive)} WHERE ${match} RETURNING *)
+      INSERT INTO ${sql.raw(`${quoteIdent(db.schema)}.${quoteIdent(table)}`)} (${sql.raw(columns.join(", "))})
+      SELECT ${sql.raw(values)} FROM m`.execute(trx)
+    return Number(moved.numAffectedRows ?? 0)
   })
 
 /**

@@ -28,11 +28,16 @@ export const partitionStart = (ms: number, everyMs: number): number => Math.floo
 
 const pad = (n: number) => String(n).padStart(2, "0")
 
-/** `<table>_p<yyyymmdd>`, with `hh` when partitions are not whole days. */
+/**
+ * `<table>_p<yyyymmdd>`, then as much of `hhmmss` as tells partitions of `everyMs` apart: `hh` for
+ * hours, `hhmm` for minutes, `hhmmss` below.
+ */
 export const partitionName = (table: string, fromMs: number, everyMs: number): string => {
   const d = new Date(fromMs)
   const day = `${d.getUTCFullYear()}${pad(d.getUTCMonth() + 1)}${pad(d.getUTCDate())}`
-  return `${table}_p${day}${everyMs % DAY_MS === 0 ? "" : pad(d.getUTCHours())}`
+  const time = `${pad(d.getUTCHours())}${pad(d.getUTCMinutes())}${pad(d.getUTCSeconds())}`
+  const digits = everyMs % DAY_MS === 0 ? 0 : everyMs % HOUR_MS === 0 ? 2 : everyMs % 60_000 === 0 ? 4 : 6
+  return `${table}_p${day}${time.slice(0, digits)}`
 }
 
 /** A partition's range as the catalog prints it (`pg_get_expr(relpartbound)`); undefined for DEFAULT. */

@@ -208,6 +208,8 @@ export interface DropDecision {
   readonly to: Date
   /** Dropped now (or, with `dryRun`, would be). */
   readonly dropped: boolean
+  /** Dead rows moved to `<table>_archive` before the drop (or, with `dryRun`, that would be). */
+  readonly archived: number
   /** Why it stays, when it stays. */
   readonly reason?: string
 }
@@ -232,10 +234,11 @@ export interface DropOptions {
 /**
  * Drops the partitions whose range ended more than `olderThan` ago (the inbox's:
  * more than the larger of it and the dedupe window) and that hold no pending
- * and no dead row; reports the others that are old enough and why they stay.
- * The default partition is never dropped. Each drop takes the parent's lock
- * (ACCESS EXCLUSIVE, waiting at most 2 s for it), checks again under it, and
- * drops, so a row that arrived meanwhile is never lost.
+ * row, after moving their dead rows to `<table>_archive` (migration 0016);
+ * reports the others that are old enough and why they stay. The default
+ * partition is never dropped. Each drop takes the parent's lock (ACCESS
+ * EXCLUSIVE, waiting at most 2 s for it), checks again under it, archives and
+ * drops in one transaction, so a row that arrived meanwhile is never lost.
  */
 export const dropPartitions = (
   db: Tables,
@@ -252,21 +255,23 @@ export const dropPartitions = (
       for (const p of await partitionsOf(base, db.schema, table)) {
         const toMs = p.to?.at?.getTime()
         if (p.isDefault || toMs === undefined || toMs > nowMs - keepMs) continue
-        const reason = await base.transaction().execute(async (trx) => {
+        const outcome = await base.transaction().execute(async (trx) => {
           await sql`SET LOCAL lock_timeout = '2s'`.execute(trx)
           if (!options.dryRun)
             await sql.raw(`LOCK TABLE ${qualified(db.schema, table)} IN ACCESS EXCLUSIVE MODE`).execute(trx)
           const why = await whyKept(trx, db.schema, table, p.name, options.dedupeWindowMs)
-          if (why === undefined && !options.dryRun)
-            await sql.raw(`DROP TABLE ${qualified(db.schema, p.name)}`).execute(trx)
-          return why
+          if (why !== undefined) return { why, archived: 0 }
+          const archived = await archiveDead(trx, db.schema, table, p.name, options.dryRun === true)
+          if (!options.dryRun) await sql.raw(`DROP TABLE ${qualified(db.schema, p.name)}`).execute(trx)
+          return { why, archived }
         })
         decisions.push({
           table,
           name: p.name,
           to: new Date(toMs),
-          dropped: reason === undefined,
-          ...(reason === undefined ? {} : { reason }),
+          dropped: outcome.why === undefined,
+          archived: outcome.archived,
+          ...(outcome.why === undefined ? {} : { reason: outcome.why }),
         })
       }
     }
@@ -285,14 +290,51 @@ const whyKept = async (
   // sql: a partition by name (ONLY), outside Kysely's typed tables.
   const pending = await sql`SELECT 1 FROM ${partition} WHERE status = 'pending' LIMIT 1`.execute(db)
   if (pending.rows.length > 0) return "holds pending rows"
-  const dead = await sql`SELECT 1 FROM ${partition} WHERE status = 'dead' LIMIT 1`.execute(db)
-  if (dead.rows.length > 0) return "holds dead rows (redrive or skip them first: txbox dead)"
   if (table === "inbox") {
+    // The key of a dead ordered message waits on it (a redrive or a skip, which need the row here).
+    const ordered = await sql`SELECT 1 FROM ${partition}
+      WHERE status = 'dead' AND partition_seq IS NOT NULL LIMIT 1`.execute(db)
+    if (ordered.rows.length > 0) return "holds dead ordered messages (redrive or skip them first: txbox dead)"
     const recent = await sql`SELECT 1 FROM ${partition} WHERE status = 'processed'
       AND processed_at > now() - ${dedupeWindowMs}::float8 * interval '1 millisecond' LIMIT 1`.execute(db)
     if (recent.rows.length > 0) return "holds rows processed inside the dedupe window"
   }
   return undefined
+}
+
+/** The columns of txbox's `table`, quoted, in order: what an archive row copies. */
+export const columnsOf = async (db: AnyDb, schema: string, table: string): Promise<ReadonlyArray<string>> => {
+  // sql: the catalog.
+  const result = await sql<{ name: string }>`
+    SELECT quote_ident(column_name) AS name FROM information_schema.columns
+    WHERE table_schema = ${schema} AND table_name = ${table} ORDER BY ordinal_position`.execute(db)
+  return result.rows.map((r) => r.name)
+}
+
+/** Moves partition `name`'s dead rows to `<table>_archive`, ids and columns unchanged; returns how many (counts only when `dryRun`). */
+const archiveDead = async (
+  db: AnyDb,
+  schema: string,
+  table: QueueTable,
+  name: string,
+  dryRun: boolean,
+): Promise<number> => {
+  const partition = `ONLY ${qualified(schema, name)}`
+  if (dryRun) {
+    const n = await sql<{
+      n: string
+    }>`SELECT count(*)::text AS n FROM ${sql.raw(partition)} WHERE status = 'dead'`.execute(db)
+    return Number(n.rows[0]!.n)
+  }
+  const columns = (await columnsOf(db, schema, table)).join(", ")
+  // sql: INSERT … SELECT between a partition and the archive, by name.
+  const moved = await sql
+    .raw(
+      `INSERT INTO ${qualified(schema, `${table}_archive`)} (${columns}) ` +
+        `SELECT ${columns} FROM ${partition} WHERE status = 'dead'`,
+    )
+    .execute(db)
+  return Number(moved.numAffectedRows ?? 0)
 }
 
 /** `OutboxStore.keepPartitions`: the outbox's partitions ahead created; given `dropOlderThanMs`, old ones dropped. */
