@@ -125,7 +125,10 @@ const drop = Command.make(
           for (const d of decisions) {
             yield* print(
               d.dropped
-                ? `${d.table}: ${dryRun ? "would drop" : "dropped"} ${d.name} (ended ${d.to.toISOString()})`
+                ? `${d.table}: ${dryRun ? "would drop" : "dropped"} ${d.name} (ended ${d.to.toISOString()})` +
+                    (d.archived === 0
+                      ? ""
+                      : `, ${dryRun ? "archiving" : "archived"} ${d.archived} dead row${d.archived === 1 ? "" : "s"}`)
                 : `${d.table}: kept ${d.name}: ${d.reason}`,
             )
           }
@@ -134,7 +137,7 @@ const drop = Command.make(
     }),
 ).pipe(
   Command.withDescription(
-    "Drop whole partitions older than --older-than that hold no pending and no dead row (never the default partition)",
+    "Drop whole partitions older than --older-than that hold no pending row, their dead rows moved to the archive (never the default partition)",
   ),
 )
 

@@ -12,7 +12,7 @@
  *
  *   bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]
  *     [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout S]
- *     [--lost-ack-fraction F] [--relay-workers N] [--rabbit-cluster] [--keep-logs]
+ *     [--lost-ack-fraction F] [--relay-workers N] [--rabbit-cluster] [--no-partition-churn] [--keep-logs]
  *
  * Also `runSoak(options)` for tests (test/integration/soak.test.ts). Servers: the ones handed in
  * (`services`), else TXBOX_TEST_DATABASE_URL / TXBOX_TEST_AMQP_URL when set (then the faults that
@@ -51,6 +51,7 @@ import { Kysely } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
 import { migrate } from "../../src/pg.ts"
+import { dropPartitions, ensurePartitions } from "../../src/storage/sql/partitions.ts"
 import { type LocalPostgres, startLocalPostgres } from "../support/postgres.ts"
 import { isAlive, signal as sendSignal, startWatchdog, type Watchdog } from "../support/proc.ts"
 import { type ClusterNode, type RabbitCluster, startRabbitCluster } from "../support/rabbitCluster.ts"
@@ -152,6 +153,11 @@ export interface SoakOptions {
    * the soak starts itself: not with `services`, nor with TXBOX_TEST_AMQP_URL set. @default false
    */
   readonly rabbitCluster?: boolean
+  /**
+   * Partitions made and dropped while the load runs (`churnPartitions`). Off: the tables stay as the
+   * relays and inboxes keep them (day partitions), for a comparison. @default true
+   */
+  readonly partitionChurn?: boolean
   /** Aborting stops the run, kills every child and stops the servers it started. */
   readonly signal?: AbortSignal
   /** Progress lines while it runs. @default console.error */
@@ -1155,6 +1161,55 @@ function readdirSafe(path: string): string[] {
 export const driverLabel = (driver: Driver | undefined): string => driver ?? "default (no driver option)"
 
 /** Runs one soak and returns its verdict; never throws for a failed count (that is `ok: false`). */
+/**
+ * Partitions in the soak (issue #26): the outbox and the inbox in partitions of PARTITION_MS, made
+ * ahead and dropped while the load runs, as `txbox partitions drop` would: an outbox partition once
+ * it ended OUTBOX_KEEP_MS ago with no pending row (its dead rows archived), an inbox one once it and
+ * its last processed row are INBOX_WINDOW_MS old (the dedupe window: a redelivery older than that
+ * would be applied again, and the verdict would count it). The verdict reads the tables through
+ * views that outlive the dropped rows (tables.ts).
+ */
+const PARTITION_MS = 30_000
+const PARTITIONS_AHEAD_MS = 180_000
+const OUTBOX_KEEP_MS = 30_000
+const INBOX_WINDOW_MS = 120_000
+const CHURN_EVERY_MS = 5_000
+
+/** Makes partitions ahead and drops old ones every CHURN_EVERY_MS until `stop` resolves; returns what it dropped. */
+const churnPartitions = async (
+  db: Db,
+  stop: Promise<void>,
+  note: (line: string) => void,
+): Promise<{ outbox: number; inbox: number; archived: number; failures: number }> => {
+  const tables = { db, schema: "txbox" }
+  const dropped = { outbox: 0, inbox: 0, archived: 0, failures: 0 }
+  let stopped = false
+  void stop.then(() => {
+    stopped = true
+  })
+  while (!stopped) {
+    try {
+      await Effect.runPromise(
+        ensurePartitions(tables, { aheadMs: PARTITIONS_AHEAD_MS, everyMs: PARTITION_MS }),
+      )
+      const decisions = await Effect.runPromise(
+        dropPartitions(tables, { olderThanMs: OUTBOX_KEEP_MS, dedupeWindowMs: INBOX_WINDOW_MS }),
+      )
+      for (const d of decisions.filter((x) => x.dropped)) {
+        dropped[d.table]++
+        dropped.archived += d.archived
+      }
+    } catch (error) {
+      // A PostgreSQL restart (a fault) or a lock not granted in time: the next pass tries again.
+      dropped.failures++
+      if (dropped.failures <= 3)
+        note(`partitions: ${error instanceof Error ? error.message.split("\n")[0] : String(error)}`)
+    }
+    await Promise.race([sleep(CHURN_EVERY_MS), stop])
+  }
+  return dropped
+}
+
 export async function runSoak(options: SoakOptions): Promise<SoakResult> {
   const say = options.log ?? ((line: string) => console.error(line))
   const cfg: Resolved = {
@@ -1217,6 +1272,14 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
       await createBusinessTables(setup)
       // What each consumer is owed is counted from this table: written before any of them starts.
       await registerConsumers(setup, consumers)
+      // The run's partitions, before any process writes: no row of the run in the default partition.
+      if (options.partitionChurn !== false)
+        await Effect.runPromise(
+          ensurePartitions(
+            { db: setup, schema: "txbox" },
+            { aheadMs: PARTITIONS_AHEAD_MS, everyMs: PARTITION_MS },
+          ),
+        )
     } finally {
       await setup.destroy()
     }
@@ -1238,6 +1301,15 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
       `database ${dbName}, exchange ${r.exchange}, consumers ` +
         consumers.map((c) => `${c.consumer} (${c.role}: ${c.types.join(", ")})`).join(", "),
     )
+    let endChurn = () => {}
+    const churnEnds = new Promise<void>((resolve) => {
+      endChurn = resolve
+    })
+    const churnDb = postgresDb(dbUrl, 1)
+    const churn =
+      options.partitionChurn === false
+        ? Promise.resolve({ outbox: 0, inbox: 0, archived: 0, failures: 0 })
+        : churnPartitions(churnDb, churnEnds, (line) => r.note(line))
     // Consumers first: their queue must be bound before the relays publish (mandatory publishes
     // to no queue would be returned, retried and finally dead). Not the late one: its time comes.
     await Promise.all(
@@ -1309,6 +1381,14 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     r.record("phase", drained ? `drained in ${drainSeconds} s` : `NOT drained after ${drainSeconds} s`)
     // A late duplicate (a redelivery still in flight) must have the time to show up as one.
     await sleep(3000, options.signal)
+    endChurn()
+    const churned = await churn
+    await churnDb.destroy()
+    r.record(
+      "phase",
+      `partitions: dropped ${churned.outbox} outbox and ${churned.inbox} inbox partitions during the run ` +
+        `(${churned.archived} dead rows archived; ${churned.failures} passes failed and were tried again)`,
+    )
     counts = await tableCounts(db)
 
     const conns = await connections(db, dbName)
@@ -1603,7 +1683,8 @@ export function resultJson(r: SoakResult): string {
 const USAGE =
   "usage: bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]\n" +
   "         [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout SECONDS]\n" +
-  "         [--lost-ack-fraction F] [--relay-workers N] [--rabbit-cluster] [--keep-logs]\n" +
+  "         [--lost-ack-fraction F] [--relay-workers N] [--rabbit-cluster] [--no-partition-churn] [--keep-logs]\n" +
+  "  --no-partition-churn  leave the partitions to the relays and inboxes (no 30 s partitions made and dropped)\n" +
   "  --rabbit-cluster  a three-node RabbitMQ cluster instead of one node: every relay and consumer gets\n" +
   "                    the three URLs, and a fault kind rabbitNodeKill SIGKILLs one node and boots it again\n" +
   "                    2-6 s later (one node down at most; rabbitRestart stops and starts one node).\n" +
@@ -1621,6 +1702,7 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
   let relayWorkers: number | undefined
   let keepLogs = false
   let rabbitCluster = false
+  let partitionChurn = true
   const number = (flag: string, value: string | undefined): number => {
     const n = Number(value)
     if (value === undefined || !Number.isFinite(n) || n < 0)
@@ -1680,6 +1762,9 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
       case "--rabbit-cluster":
         rabbitCluster = true
         break
+      case "--no-partition-churn":
+        partitionChurn = false
+        break
       default:
         throw new Error(`unknown argument ${flag}`)
     }
@@ -1692,6 +1777,7 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
     mode,
     keepLogs,
     ...(rabbitCluster ? { rabbitCluster } : {}),
+    ...(partitionChurn ? {} : { partitionChurn }),
     ...(seed === undefined ? {} : { seed }),
     ...(rate === undefined ? {} : { rate }),
     ...(drainTimeoutMs === undefined ? {} : { drainTimeoutMs }),

@@ -46,6 +46,43 @@ export const createBusinessTables = async (db: Db): Promise<void> => {
       types       text[]  NOT NULL,
       joined_late boolean NOT NULL DEFAULT false
     )`.execute(db)
+  // The verdict reads the outbox and the inbox through these views, not the tables: partitions are
+  // dropped during the load (their rows gone, dead ones moved to the archives), and an event's
+  // evidence must outlive its row. Every outbox row is copied at insert (in the producer's
+  // transaction: a rolled-back one leaves no copy); a row no longer in the outbox nor its archive was
+  // in a dropped partition, which holds no pending row: it was sent.
+  await sql`CREATE TABLE soak_events (LIKE txbox.outbox)`.execute(db)
+  await sql`ALTER TABLE soak_events ADD PRIMARY KEY (id)`.execute(db)
+  await sql`
+    CREATE FUNCTION soak_capture() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO public.soak_events SELECT NEW.*;
+      RETURN NULL;
+    END $$`.execute(db)
+  await sql`CREATE TRIGGER soak_capture AFTER INSERT ON txbox.outbox FOR EACH ROW EXECUTE FUNCTION soak_capture()`.execute(
+    db,
+  )
+  await sql`
+    CREATE VIEW soak_outbox AS
+    SELECT e.id, e.type, e.version, e.payload, e.headers, e.routing_key, e.partition_key, e.tenant_id,
+           e.occurred_at, e.partition_epoch, e.partition_seq,
+           coalesce(x.visible_at, a.visible_at) AS visible_at,
+           coalesce(x.attempts, a.attempts, e.attempts) AS attempts,
+           coalesce(x.status, a.status, 'sent') AS status,
+           coalesce(x.published_at, a.published_at) AS published_at,
+           coalesce(x.last_error, a.last_error) AS last_error
+    FROM soak_events e
+    LEFT JOIN txbox.outbox x ON x.id = e.id
+    LEFT JOIN txbox.outbox_archive a ON a.id = e.id`.execute(db)
+  const columns = await sql<{ name: string }>`
+    SELECT quote_ident(column_name) AS name FROM information_schema.columns
+    WHERE table_schema = 'txbox' AND table_name = 'inbox' ORDER BY ordinal_position`.execute(db)
+  const list = columns.rows.map((c) => c.name).join(", ")
+  await sql
+    .raw(
+      `CREATE VIEW soak_inbox AS SELECT ${list} FROM txbox.inbox UNION ALL SELECT ${list} FROM txbox.inbox_archive`,
+    )
+    .execute(db)
 }
 
 export interface SoakConsumer {
@@ -108,7 +145,7 @@ const HANDLED = sql`
            x.partition_seq AS seq, w.required
     FROM effects e
     JOIN expected w ON w.consumer = e.consumer AND w.order_id = e.order_id AND w.type = e.type
-    JOIN txbox.outbox x ON x.id::text = e.message_id
+    JOIN soak_outbox x ON x.id::text = e.message_id
     WHERE x.partition_key IS NOT NULL
   ), inversions AS (
     -- Among the events a consumer is owed (a late consumer's from its binding on), one applied
@@ -136,10 +173,10 @@ export const drainProgress = async (db: Db): Promise<DrainProgress> => {
   const { rows } = await sql<Record<string, string>>`
     WITH ${EXPECTED}, dead AS (
       SELECT (x.payload->>'orderId')::uuid AS order_id, x.type, NULL::text AS consumer
-      FROM txbox.outbox x WHERE x.status = 'dead'
+      FROM soak_outbox x WHERE x.status = 'dead'
       UNION ALL
       SELECT (x.payload->>'orderId')::uuid, x.type, i.consumer
-      FROM txbox.inbox i JOIN txbox.outbox x ON i.message_id = x.id::text WHERE i.status = 'dead'
+      FROM soak_inbox i JOIN soak_outbox x ON i.message_id = x.id::text WHERE i.status = 'dead'
     )
     SELECT
       (SELECT count(*) FROM orders WHERE n > 0) AS orders,
@@ -151,8 +188,8 @@ export const drainProgress = async (db: Db): Promise<DrainProgress> => {
           AND NOT EXISTS (SELECT 1 FROM dead d
                           WHERE d.order_id = w.order_id AND d.type = w.type
                             AND (d.consumer IS NULL OR d.consumer = w.consumer))) AS waiting,
-      (SELECT count(*) FROM txbox.outbox WHERE status = 'pending') AS outbox_pending,
-      (SELECT count(*) FROM txbox.inbox WHERE status = 'pending') AS inbox_pending`.execute(db)
+      (SELECT count(*) FROM soak_outbox WHERE status = 'pending') AS outbox_pending,
+      (SELECT count(*) FROM soak_inbox WHERE status = 'pending') AS inbox_pending`.execute(db)
   const r = rows[0] ?? {}
   return {
     orders: num(r.orders),
@@ -244,30 +281,30 @@ export const tableCounts = async (db: Db): Promise<TableCounts> => {
     SELECT
       (SELECT count(*) FROM orders WHERE n > 0) AS orders,
       (SELECT count(*) FROM orders WHERE n <= 0) AS rolled_back_orders,
-      (SELECT count(*) FROM txbox.outbox) AS events,
-      (SELECT count(*) FROM txbox.outbox WHERE status = 'sent') AS sent,
-      (SELECT count(*) FROM txbox.outbox WHERE status = 'pending') AS outbox_pending,
-      (SELECT count(*) FROM txbox.outbox WHERE status = 'dead') AS outbox_dead,
-      (SELECT count(*) FROM txbox.outbox WHERE (payload->>'n')::int <= 0) AS rolled_back_events,
-      (SELECT count(*) FROM txbox.outbox x
+      (SELECT count(*) FROM soak_outbox) AS events,
+      (SELECT count(*) FROM soak_outbox WHERE status = 'sent') AS sent,
+      (SELECT count(*) FROM soak_outbox WHERE status = 'pending') AS outbox_pending,
+      (SELECT count(*) FROM soak_outbox WHERE status = 'dead') AS outbox_dead,
+      (SELECT count(*) FROM soak_outbox WHERE (payload->>'n')::int <= 0) AS rolled_back_events,
+      (SELECT count(*) FROM soak_outbox x
         WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id = (x.payload->>'orderId')::uuid
                             AND (x.type = ${PLACED} OR (x.type = ${PAID} AND o.paid)))) AS orphan_events,
       (SELECT count(*) FROM orders o
-        WHERE NOT EXISTS (SELECT 1 FROM txbox.outbox x
+        WHERE NOT EXISTS (SELECT 1 FROM soak_outbox x
                           WHERE (x.payload->>'orderId')::uuid = o.id AND x.type = ${PLACED})
-           OR (o.paid AND NOT EXISTS (SELECT 1 FROM txbox.outbox x
+           OR (o.paid AND NOT EXISTS (SELECT 1 FROM soak_outbox x
                                       WHERE (x.payload->>'orderId')::uuid = o.id AND x.type = ${PAID})))
         AS orders_without_event,
-      (SELECT count(*) FROM txbox.inbox WHERE status = 'processed') AS inbox_processed,
-      (SELECT count(*) FROM txbox.inbox WHERE status = 'pending') AS inbox_pending,
-      (SELECT count(*) FROM txbox.inbox WHERE status = 'dead') AS inbox_dead,
+      (SELECT count(*) FROM soak_inbox WHERE status = 'processed') AS inbox_processed,
+      (SELECT count(*) FROM soak_inbox WHERE status = 'pending') AS inbox_pending,
+      (SELECT count(*) FROM soak_inbox WHERE status = 'dead') AS inbox_dead,
       (SELECT count(*) FROM effects) AS effects,
       (SELECT count(*) FROM effects e
         WHERE NOT EXISTS (SELECT 1 FROM expected w
                           WHERE w.consumer = e.consumer AND w.order_id = e.order_id AND w.type = e.type))
         AS orphan_effects,
       (SELECT count(*) FROM (
-        SELECT partition_key FROM txbox.outbox WHERE partition_key IS NOT NULL
+        SELECT partition_key FROM soak_outbox WHERE partition_key IS NOT NULL
         GROUP BY partition_key HAVING count(DISTINCT type) > 1) k) AS mixed_keys`.execute(db)
   const r = rows[0] ?? {}
   const perConsumer = await sql<Record<string, unknown>>`
@@ -295,7 +332,7 @@ export const tableCounts = async (db: Db): Promise<TableCounts> => {
     ), inbox AS (
       SELECT consumer, count(*) FILTER (WHERE status = 'pending') AS pending,
              count(*) FILTER (WHERE status = 'dead') AS dead
-      FROM txbox.inbox GROUP BY consumer
+      FROM soak_inbox GROUP BY consumer
     )
     SELECT c.consumer, c.role, c.types, c.joined_late,
            (SELECT min(b.bound_at) FROM txbox.inbox_bindings b WHERE b.consumer = c.consumer) AS bound_at,
@@ -387,8 +424,8 @@ const LOST = sql`
            i.attempts AS inbox_attempts, i.received_at, i.partition_after, i.last_error AS inbox_error
     FROM expected w
     JOIN orders o ON o.id = w.order_id
-    LEFT JOIN txbox.outbox x ON (x.payload->>'orderId')::uuid = w.order_id AND x.type = w.type
-    LEFT JOIN txbox.inbox i ON i.message_id = x.id::text AND i.consumer = w.consumer
+    LEFT JOIN soak_outbox x ON (x.payload->>'orderId')::uuid = w.order_id AND x.type = w.type
+    LEFT JOIN soak_inbox i ON i.message_id = x.id::text AND i.consumer = w.consumer
     WHERE w.required
       AND NOT EXISTS (SELECT 1 FROM effects e
                       WHERE e.consumer = w.consumer AND e.order_id = w.order_id AND e.type = w.type)
@@ -419,7 +456,7 @@ export const diagnostics = async (db: Db, counts: TableCounts): Promise<string[]
       SELECT e.consumer, e.type, e.order_id, count(*) AS effects, array_agg(DISTINCT e.message_id) AS message_ids,
              array_agg(e.pid ORDER BY e.applied_at) AS pids, array_agg(e.applied_at ORDER BY e.applied_at) AS applied_at,
              min(i.status) AS inbox_status, min(i.attempts) AS inbox_attempts
-      FROM effects e LEFT JOIN txbox.inbox i ON i.message_id = e.message_id AND i.consumer = e.consumer
+      FROM effects e LEFT JOIN soak_inbox i ON i.message_id = e.message_id AND i.consumer = e.consumer
       GROUP BY e.consumer, e.type, e.order_id HAVING count(*) > 1
       ORDER BY min(e.applied_at) LIMIT ${LIMIT}`.execute(db)
     out.push(`DUPLICATED events (first ${LIMIT} of ${counts.duplicated}): effect rows per consumer and event`)
@@ -445,9 +482,9 @@ export const diagnostics = async (db: Db, counts: TableCounts): Promise<string[]
              o.created_at AS enqueued_at, x.headers->>'txbox-partition-routes' AS routes,
              (SELECT min(b.bound_at) FROM txbox.inbox_bindings b WHERE b.consumer = v.consumer) AS bound_at
       FROM inversions v
-      JOIN txbox.outbox x ON x.id::text = v.message_id
+      JOIN soak_outbox x ON x.id::text = v.message_id
       JOIN orders o ON o.id = (x.payload->>'orderId')::uuid
-      LEFT JOIN txbox.inbox i ON i.message_id = v.message_id AND i.consumer = v.consumer
+      LEFT JOIN soak_inbox i ON i.message_id = v.message_id AND i.consumer = v.consumer
       ORDER BY v.id LIMIT ${LIMIT}`.execute(db)
     out.push(`  each event applied after a later number of its key (first ${LIMIT}):`)
     out.push(...table(rows.rows).map((l) => `    ${l}`))
@@ -462,7 +499,7 @@ export const diagnostics = async (db: Db, counts: TableCounts): Promise<string[]
              i.partition_after, i.received_at, i.processed_at, i.visible_at, i.last_error,
              e.id AS effect_id, e.pid, e.applied_at
       FROM first f
-      JOIN txbox.inbox i ON i.consumer = f.consumer AND i.partition_key = f.key
+      JOIN soak_inbox i ON i.consumer = f.consumer AND i.partition_key = f.key
                         AND i.partition_seq BETWEEN f.seq - 1 AND f.before
       LEFT JOIN effects e ON e.consumer = i.consumer AND e.message_id = i.message_id
       ORDER BY f.consumer, f.key, i.partition_seq, e.id`.execute(db)
@@ -473,10 +510,10 @@ export const diagnostics = async (db: Db, counts: TableCounts): Promise<string[]
     const rows = await sql<Row>`
       SELECT id, type, status, attempts, occurred_at, visible_at, lock_token IS NOT NULL AS claimed,
              published_at, last_error
-      FROM txbox.outbox WHERE status <> 'sent' ORDER BY status, occurred_at LIMIT ${LIMIT}`.execute(db)
+      FROM soak_outbox WHERE status <> 'sent' ORDER BY status, occurred_at LIMIT ${LIMIT}`.execute(db)
     const errors = await sql<Row>`
       SELECT status, attempts, coalesce(last_error, '-') AS last_error, count(*) AS rows
-      FROM txbox.outbox WHERE status <> 'sent' GROUP BY 1, 2, 3 ORDER BY 4 DESC LIMIT 20`.execute(db)
+      FROM soak_outbox WHERE status <> 'sent' GROUP BY 1, 2, 3 ORDER BY 4 DESC LIMIT 20`.execute(db)
     out.push(`OUTBOX rows not sent, grouped (status, attempts, last_error):`)
     out.push(...table(errors.rows).map((l) => `  ${l}`))
     out.push(`OUTBOX rows not sent (first ${LIMIT}):`)
@@ -486,7 +523,7 @@ export const diagnostics = async (db: Db, counts: TableCounts): Promise<string[]
     const rows = await sql<Row>`
       SELECT message_id, consumer, type, status, attempts, received_at, visible_at, lock_token IS NOT NULL AS claimed,
              partition_key, partition_seq, partition_after, partition_after_at, last_error, left(raw, 200) AS raw
-      FROM txbox.inbox WHERE status <> 'processed' ORDER BY status, received_at LIMIT ${LIMIT}`.execute(db)
+      FROM soak_inbox WHERE status <> 'processed' ORDER BY status, received_at LIMIT ${LIMIT}`.execute(db)
     out.push(`INBOX rows not processed (first ${LIMIT}):`)
     out.push(...table(rows.rows).map((l) => `  ${l}`))
   }
@@ -494,7 +531,7 @@ export const diagnostics = async (db: Db, counts: TableCounts): Promise<string[]
     const rows = await sql<Row>`
       SELECT 'order' AS what, id::text, n::text AS n FROM orders WHERE n <= 0
       UNION ALL
-      SELECT 'event', id::text, payload->>'n' FROM txbox.outbox WHERE (payload->>'n')::int <= 0
+      SELECT 'event', id::text, payload->>'n' FROM soak_outbox WHERE (payload->>'n')::int <= 0
       LIMIT ${LIMIT}`.execute(db)
     out.push(`ROWS OF ROLLED-BACK TRANSACTIONS that are visible (first ${LIMIT}):`)
     out.push(...table(rows.rows).map((l) => `  ${l}`))
@@ -502,7 +539,7 @@ export const diagnostics = async (db: Db, counts: TableCounts): Promise<string[]
   if (counts.orphanEvents > 0 || counts.orphanEffects > 0 || counts.ordersWithoutEvent > 0) {
     const rows = await sql<Row>`
       WITH ${EXPECTED}
-      SELECT 'event no order calls for' AS what, x.id::text AS id, x.type FROM txbox.outbox x
+      SELECT 'event no order calls for' AS what, x.id::text AS id, x.type FROM soak_outbox x
         WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id = (x.payload->>'orderId')::uuid
                             AND (x.type = ${PLACED} OR (x.type = ${PAID} AND o.paid)))
       UNION ALL
@@ -512,7 +549,7 @@ export const diagnostics = async (db: Db, counts: TableCounts): Promise<string[]
       UNION ALL
       SELECT 'order without its event', o.id::text, t.type FROM orders o
         CROSS JOIN LATERAL (VALUES (${PLACED}::text, true), (${PAID}::text, o.paid)) AS t(type, due)
-        WHERE t.due AND NOT EXISTS (SELECT 1 FROM txbox.outbox x
+        WHERE t.due AND NOT EXISTS (SELECT 1 FROM soak_outbox x
                                     WHERE (x.payload->>'orderId')::uuid = o.id AND x.type = t.type)
       LIMIT ${LIMIT}`.execute(db)
     out.push(`ORPHANS (first ${LIMIT}):`)

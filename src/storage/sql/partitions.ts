@@ -11,9 +11,11 @@
  *   there belongs in the new range: a scan of the default partition, during
  *   which statements that read it (every claim) wait. Keep it small.
  * - drop: ACCESS EXCLUSIVE on the parent for the few index probes that prove
- *   the partition holds no pending or dead row, and the DROP. Both wait at
- *   most `lock_timeout` for their locks, and give up (to try again later)
- *   rather than queue every enqueue behind them.
+ *   the partition holds no pending row, the archiving of its dead rows, and
+ *   the DROP. Both wait at most LOCK_WAIT for their locks and then give up, to
+ *   try again at the next pass: a lock request that waits makes every later
+ *   request on the table queue behind it, so a long wait would stall every
+ *   claim (or, for a drop, every enqueue) for as long.
  */
 import { Effect } from "effect"
 import { type Kysely, sql } from "kysely"
@@ -53,6 +55,8 @@ const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, Stor
   )
 
 const LOCK_NAMESPACE = 0x7478626f // "txbo", as the migrator's
+/** The longest a create or a drop waits for its lock: what it may stall the statements queued behind it. */
+const LOCK_WAIT = "250ms"
 const KEY_COLUMN: Record<QueueTable, string> = { outbox: "id", inbox: "message_id" }
 const KEY_TYPE: Record<QueueTable, string> = { outbox: "uuid", inbox: "text" }
 
@@ -163,7 +167,7 @@ export const ensurePartitions = (
           await sql`SELECT pg_advisory_xact_lock(${LOCK_NAMESPACE}, hashtext(${`${db.schema}.partitions`}))`.execute(
             trx,
           )
-          await sql`SET LOCAL lock_timeout = '5s'`.execute(trx)
+          await sql.raw(`SET LOCAL lock_timeout = '${LOCK_WAIT}'`).execute(trx)
           const now = await partitionsOf(trx, db.schema, table)
           if (now.some((p) => p.name === name)) return "exists" as const
           const from = idBound(range.fromMs)
@@ -237,7 +241,7 @@ export interface DropOptions {
  * row, after moving their dead rows to `<table>_archive` (migration 0016);
  * reports the others that are old enough and why they stay. The default
  * partition is never dropped. Each drop takes the parent's lock (ACCESS
- * EXCLUSIVE, waiting at most 2 s for it), checks again under it, archives and
+ * EXCLUSIVE, waiting at most LOCK_WAIT for it), checks again under it, archives and
  * drops in one transaction, so a row that arrived meanwhile is never lost.
  */
 export const dropPartitions = (
@@ -256,7 +260,7 @@ export const dropPartitions = (
         const toMs = p.to?.at?.getTime()
         if (p.isDefault || toMs === undefined || toMs > nowMs - keepMs) continue
         const outcome = await base.transaction().execute(async (trx) => {
-          await sql`SET LOCAL lock_timeout = '2s'`.execute(trx)
+          await sql.raw(`SET LOCAL lock_timeout = '${LOCK_WAIT}'`).execute(trx)
           if (!options.dryRun)
             await sql.raw(`LOCK TABLE ${qualified(db.schema, table)} IN ACCESS EXCLUSIVE MODE`).execute(trx)
           const why = await whyKept(trx, db.schema, table, p.name, options.dedupeWindowMs)
