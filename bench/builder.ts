@@ -147,8 +147,8 @@ const processed = (r: InboxRow) => ({ ...r, headers: JSON.stringify(r.headers ??
 const statements = [
   {
     key: "claim",
-    builder: () => SqlOutboxStore.claimQuery(db, { limit: 1000, token, leaseMs: 30_000 }),
-    prepared: () => outboxStatements.claim({ limit: 1000, token, leaseMs: 30_000 }),
+    builder: () => SqlOutboxStore.claimQuery(db, { limit: 1000, token, leaseMs: 30_000, sinceMs: 3000 }),
+    prepared: () => outboxStatements.claim({ limit: 1000, token, leaseMs: 30_000, sinceMs: 3000 }),
     template: () => claimTemplate(1000, token, 30_000),
   },
   {

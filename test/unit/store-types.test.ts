@@ -78,7 +78,7 @@ describe("SQL stores", () => {
     // A bound 'pending' ($n) would leave postgres.js's prepared claim with a sequential scan and a
     // sort once PostgreSQL switches it to a generic plan: the partial index cannot be proven to apply.
     const db = compileOnly().withSchema("txbox")
-    const outbox = SqlOutboxStore.claimQuery(db, { limit: 10, token, leaseMs: 30_000 })
+    const outbox = SqlOutboxStore.claimQuery(db, { limit: 10, token, leaseMs: 30_000, sinceMs: 3000 })
     const inbox = SqlInboxStore.claimQuery(db, { consumer: "c", limit: 10, token, leaseMs: 30_000 })
     for (const query of [outbox, inbox]) {
       expect(query.sql).toContain(`"status" = 'pending'`)
@@ -97,8 +97,8 @@ describe("SQL stores", () => {
     const failures = SqlInboxStore.markFailures([{ key: "k", verdict: { _tag: "Dead", error: "x" } }])
     const pairs = [
       [
-        () => outbox.claim({ limit: 7, token, leaseMs: 9 }),
-        SqlOutboxStore.claimQuery(db, { limit: 7, token, leaseMs: 9 }),
+        () => outbox.claim({ limit: 7, token, leaseMs: 9, sinceMs: 3000 }),
+        SqlOutboxStore.claimQuery(db, { limit: 7, token, leaseMs: 9, sinceMs: 3000 }),
       ],
       [() => outbox.mark({ token, verdicts }), SqlOutboxStore.markQuery(db, { token, verdicts })],
       [

@@ -36,8 +36,9 @@ import {
   type OutboxStoreShape,
 } from "../../ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
+import { makeClaimWindow } from "./claimWindow.ts"
 import { tryStore, tryStoreUndoable } from "./errors.ts"
-import { affected, now, nowPlusMs, pending, verdictsJson } from "./fragments.ts"
+import { affected, now, nowMinusMs, nowPlusMs, pending, verdictsJson } from "./fragments.ts"
 import { makeHeldClaims } from "./heldClaims.ts"
 import * as opsSql from "./operations.ts"
 import * as partitions from "./partitions.ts"
@@ -143,7 +144,12 @@ export interface LastPublishedColumns {
  */
 export const claimQuery = (
   db: Kysely<TxboxDatabase>,
-  { limit, token, leaseMs }: { readonly limit: number; readonly token: string; readonly leaseMs: number },
+  {
+    limit,
+    token,
+    leaseMs,
+    sinceMs,
+  }: { readonly limit: number; readonly token: string; readonly leaseMs: number; readonly sinceMs: number },
 ): CompiledQuery<ClaimAnswer> =>
   db
     .with("due", (qb) =>
@@ -152,6 +158,8 @@ export const claimQuery = (
         .select("id")
         .where("status", "=", pending)
         .where("visible_at", "<=", now)
+        // claimWindow.ts: how far back this claim looks.
+        .where("visible_at", ">=", nowMinusMs(sinceMs))
         .orderBy("visible_at")
         .limit(limit)
         .forUpdate()
@@ -241,7 +249,7 @@ export const markQuery = (
  */
 export const claimHeldQuery = (
   db: Kysely<TxboxDatabase>,
-  { limit, idleMs }: { readonly limit: number; readonly idleMs: string },
+  { limit, idleMs, sinceMs }: { readonly limit: number; readonly idleMs: string; readonly sinceMs: number },
 ): CompiledQuery<ClaimedRow> =>
   db
     .selectFrom([
@@ -254,6 +262,8 @@ export const claimHeldQuery = (
     .select(claimedColumns)
     .where("o.status", "=", pending)
     .where("o.visible_at", "<=", now)
+    // claimWindow.ts: how far back this claim looks.
+    .where("o.visible_at", ">=", nowMinusMs(sinceMs))
     .orderBy("o.visible_at")
     .limit(limit)
     .forUpdate("o")
@@ -417,9 +427,9 @@ export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
   const lag = lagQuery(db)
   const nextDue = nextDueQuery(db)
   return {
-    claim: prepare(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2 }),
+    claim: prepare(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2, sinceMs: -3 }),
     mark: prepare(db, markQuery, { token: "\0token", verdicts: "\0verdicts" }),
-    claimHeld: prepare(db, claimHeldQuery, { limit: -1, idleMs: "\0idleMs" }),
+    claimHeld: prepare(db, claimHeldQuery, { limit: -1, idleMs: "\0idleMs", sinceMs: -3 }),
     markHeld: prepare(db, (db, p: { verdicts: string }) => markQuery(db, { ...p, token: null }), {
       verdicts: "\0verdicts",
     }),
@@ -552,20 +562,27 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
 
   // This store's rank among the relays (tokenOf): random, fixed for its life.
   const rank = uuidv7().slice(-8)
-  const claimLeased = (token: string, limit: number, leaseMs: number) =>
-    db.executeQuery(q.claim({ limit, token, leaseMs })).then((r) => claimedAnswer(r, rank))
+  const claimLeased = (token: string, limit: number, leaseMs: number, sinceMs: number) =>
+    db.executeQuery(q.claim({ limit, token, leaseMs, sinceMs })).then((r) => claimedAnswer(r, rank))
+  const window = makeClaimWindow()
 
   // No generator (Effect.fnUntraced): once per cycle, and JavaScriptCore kept recompiling its body
   // for as long as the relay ran (core/inboxConsumer.ts says more).
   const claim = (limit: number, leaseMs: number): Effect.Effect<OutboxClaim, StoreError> => {
     const token = tokenOf(rank)
+    const startedMs = Date.now()
+    const sinceMs = window.next(startedMs)
     return Effect.map(
       tryStoreUndoable(
         "OutboxStore.claim",
         (): Promise<{ rows: ReadonlyArray<ClaimedRow>; lastPublished?: OutboxClaim["lastPublished"] }> =>
-          database.holdsClaims === true
-            ? held.claim(token, limit, leaseMs).then((answer) => heldAnswer(answer, rank))
-            : claimLeased(token, limit, leaseMs),
+          (database.holdsClaims === true
+            ? held.claim(token, limit, leaseMs, sinceMs).then((answer) => heldAnswer(answer, rank))
+            : claimLeased(token, limit, leaseMs, sinceMs)
+          ).then((answer) => {
+            window.record(sinceMs, startedMs, Date.now() - startedMs, answer.rows.length, limit)
+            return answer
+          }),
         // Given up on (interrupted, e.g. timed out), the statement may still run
         // later: hand whatever it claims straight back rather than leave it to the lease.
         (claimed) => {

@@ -10,6 +10,9 @@ import { verdictRow } from "../verdictRow.ts"
  * `now() + n ms`: Kysely has no interval arithmetic. A number is bound as a
  * parameter (cast, so the driver need not guess its type); a column is referenced.
  */
+/** `now()` less `ms` milliseconds (a look-back that may be centuries: float8, not int). */
+export const nowMinusMs = (ms: number) => sql<Date>`now() - ${ms}::float8 * interval '1 millisecond'`
+
 export const nowPlusMs = (ms: number | Expression<number>) =>
   typeof ms === "number"
     ? sql<Date>`now() + ${ms}::int * interval '1 millisecond'`

@@ -21,7 +21,12 @@ import { affected } from "./fragments.ts"
 
 /** The statements a held claim runs (SqlOutboxStore.ts's), and how it writes verdicts out. */
 export interface HeldStatements<Row> {
-  readonly claimHeld: (params: { readonly limit: number; readonly idleMs: string }) => CompiledQuery<Row>
+  readonly claimHeld: (params: {
+    readonly limit: number
+    readonly idleMs: string
+    /** How far back the claim looks (claimWindow.ts). */
+    readonly sinceMs: number
+  }) => CompiledQuery<Row>
   readonly markHeld: (params: { readonly verdicts: string }) => CompiledQuery
   readonly markHeldSent: (params: { readonly ids: string; readonly token: string }) => CompiledQuery
   readonly verdictsOf: (marks: ReadonlyArray<OutboxMark>) => string
@@ -206,8 +211,11 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
    * Up to `limit` due rows, held for `token` until its mark or release; none: nothing left open.
    * With them, the rows of `afterClaim` when it ran.
    */
-  const claim = async (token: string, limit: number, leaseMs: number) => {
-    const answer = await begin(q.claimHeld({ limit, idleMs: `${Math.ceil(leaseMs)}ms` }), q.afterClaim)
+  const claim = async (token: string, limit: number, leaseMs: number, sinceMs: number) => {
+    const answer = await begin(
+      q.claimHeld({ limit, idleMs: `${Math.ceil(leaseMs)}ms`, sinceMs }),
+      q.afterClaim,
+    )
     if (answer.tx !== undefined) held.set(token, { tx: answer.tx, rows: answer.rows })
     return answer
   }
