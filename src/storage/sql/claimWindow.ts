@@ -50,7 +50,10 @@ export const makeClaimWindow = (): ClaimWindow => {
     record: (sinceMs, nowMs, tookMs, rows, limit) => {
       if (sinceMs === ALL_MS) {
         fullAt = nowMs
-        fullEveryMs = Math.min(MAX_FULL_EVERY_MS, Math.max(FULL_EVERY_MS, 50 * Math.min(tookMs, previousTookMs)))
+        fullEveryMs = Math.min(
+          MAX_FULL_EVERY_MS,
+          Math.max(FULL_EVERY_MS, 50 * Math.min(tookMs, previousTookMs)),
+        )
         previousTookMs = tookMs
         backlog = rows >= limit
       } else if (rows >= limit) backlog = true
