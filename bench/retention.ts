@@ -3,7 +3,7 @@
 // a steady rate beside it; then the same pipeline with a long REPEATABLE READ snapshot open.
 //
 //   bun bench/retention.ts [--rows 10000000] [--days 10] [--rate 300] [--window 20]
-//                          [--snapshot 300] [--quick]
+//                          [--snapshot 300] [--probes 300] [--quick]
 //
 // - The outbox and the inbox get `--days` partitions of past days, `--rows` sent outbox rows and as
 //   many processed inbox rows over them (UUIDv7 ids of their day; the inbox's consumer is not the
@@ -44,11 +44,12 @@ import {
 const args = parseArgs()
 const quick = args.quick
 const config = {
-  rows: args.number("rows", quick ? 200_000 : 10_000_000),
-  days: args.number("days", quick ? 4 : 10),
+  rows: args.number("rows", quick ? 60_000 : 10_000_000),
+  days: args.number("days", quick ? 3 : 10),
   rate: args.number("rate", 300),
-  windowSeconds: args.number("window", quick ? 8 : 20),
-  snapshotSeconds: args.number("snapshot", quick ? 30 : 300),
+  windowSeconds: args.number("window", quick ? 4 : 20),
+  snapshotSeconds: args.number("snapshot", quick ? 8 : 300),
+  probes: args.number("probes", quick ? 40 : 300),
 }
 
 // biome-ignore lint/suspicious/noExplicitAny: the bench's own tables and txbox's, by name
@@ -203,7 +204,7 @@ main(() =>
           handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
         );`)
 
-      const emptyClaim = await claimProbeMs(bench.url, 300)
+      const emptyClaim = await claimProbeMs(bench.url, config.probes)
       log(`claim probe on an empty table: p50 ${emptyClaim.p50} ms, p99 ${emptyClaim.p99} ms`)
 
       const today = Math.floor(Date.now() / DAY_MS) * DAY_MS
@@ -216,7 +217,7 @@ main(() =>
       await sql`VACUUM ANALYZE txbox.outbox`.execute(db)
       await sql`VACUUM ANALYZE txbox.inbox`.execute(db)
       log(`filled ${perDay * config.days} rows per table in ${round((performance.now() - filling) / 1000)} s`)
-      const fullClaim = await claimProbeMs(bench.url, 300)
+      const fullClaim = await claimProbeMs(bench.url, config.probes)
       log(
         `claim probe with ${perDay * config.days} sent rows: p50 ${fullClaim.p50} ms, p99 ${fullClaim.p99} ms`,
       )
@@ -363,8 +364,8 @@ main(() =>
         last = await window("under the snapshot")
       if (last !== undefined)
         windows.push({ ...last, name: `with a ${config.snapshotSeconds} s snapshot (last window)` })
-      const snapshotClaim = await claimProbeMs(bench.url, 300)
-      const snapshotBounded = await claimProbeMs(bench.url, 300, RECENT_MS)
+      const snapshotClaim = await claimProbeMs(bench.url, config.probes)
+      const snapshotBounded = await claimProbeMs(bench.url, config.probes, RECENT_MS)
       await reserved.unsafe("ROLLBACK")
       reserved.release()
       await holder.end({ timeout: 5 })
@@ -394,7 +395,7 @@ main(() =>
         ]),
       )
       printTable(
-        "The claim's probe (the relay's claim shape; 300 runs each)",
+        `The claim's probe (the relay's claim shapes; ${config.probes} runs each)`,
         ["table", "p50 ms", "p99 ms", "p99 / empty"],
         [
           ["empty", emptyClaim.p50, emptyClaim.p99, 1],

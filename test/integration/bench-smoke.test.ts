@@ -63,6 +63,7 @@ describe("bench scripts --quick", () => {
     "cost",
     "profile",
     "builder",
+    "retention",
   ]) {
     test(name, async () => {
       const { code, output } = await runQuick(name)
