@@ -106,13 +106,15 @@ const ensureBacklog = async (db: Kysely<any>, count: number): Promise<void> => {
  * `bench.backlog`: ids UUIDv7 in due order, as enqueue writes them), then VACUUM ANALYZE so the
  * claim runs on fresh statistics.
  */
+// Due just now, in id order, not when the template was made: a claim that comes back empty then
+// means the fill is drained (a relay's claim looks back 3 s between full ones: claimWindow.ts).
 // biome-ignore lint/suspicious/noExplicitAny: any database with txbox's schema
 export const fillOutbox = async (db: Kysely<any>, count: number, schema = "txbox"): Promise<void> => {
   await ensureBacklog(db, count)
   await sql`TRUNCATE ${sql.id(schema, "outbox")}`.execute(db)
   await sql`
     INSERT INTO ${sql.id(schema, "outbox")} (id, type, version, payload, occurred_at, visible_at)
-    SELECT id, ${BENCH_TYPE}, 1, payload, at, at FROM bench.backlog WHERE g <= ${count}::int ORDER BY g`.execute(
+    SELECT id, ${BENCH_TYPE}, 1, payload, at, now() - (${count}::int - g) * interval '1 microsecond' FROM bench.backlog WHERE g <= ${count}::int ORDER BY g`.execute(
     db,
   )
   await sql`VACUUM ANALYZE ${sql.id(schema, "outbox")}`.execute(db)

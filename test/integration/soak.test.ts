@@ -54,7 +54,9 @@ describe("the soak's verdict, read from the tables", () => {
 
   // Each case counts the whole database: it starts from empty tables.
   const reset = () =>
-    sql`TRUNCATE orders, effects, soak_consumers, txbox.outbox, txbox.inbox, txbox.inbox_bindings`.execute(db)
+    sql`TRUNCATE orders, effects, soak_consumers, soak_events, txbox.outbox, txbox.inbox, txbox.inbox_bindings`.execute(
+      db,
+    )
 
   /** An outbox row for order `o`'s event of `type`, keyed when `key` is given. */
   const event = async (

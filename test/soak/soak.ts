@@ -1169,11 +1169,13 @@ export const driverLabel = (driver: Driver | undefined): string => driver ?? "de
  * would be applied again, and the verdict would count it). The verdict reads the tables through
  * views that outlive the dropped rows (tables.ts).
  */
-const PARTITION_MS = 30_000
-const PARTITIONS_AHEAD_MS = 180_000
+const PARTITION_MS = 60_000
+const PARTITIONS_AHEAD_MS = 120_000
 const OUTBOX_KEEP_MS = 30_000
 const INBOX_WINDOW_MS = 120_000
-const CHURN_EVERY_MS = 5_000
+const CHURN_EVERY_MS = 10_000
+/** Made before any process starts, past the load and a typical drain: attaching one later waits on the claims' locks. */
+const PARTITIONS_AT_START_MS = 360_000
 
 /** Makes partitions ahead and drops old ones every CHURN_EVERY_MS until `stop` resolves; returns what it dropped. */
 const churnPartitions = async (
@@ -1277,7 +1279,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
         await Effect.runPromise(
           ensurePartitions(
             { db: setup, schema: "txbox" },
-            { aheadMs: PARTITIONS_AHEAD_MS, everyMs: PARTITION_MS },
+            { aheadMs: loadMs + PARTITIONS_AT_START_MS, everyMs: PARTITION_MS, includeCurrent: true },
           ),
         )
     } finally {
@@ -1684,7 +1686,7 @@ const USAGE =
   "usage: bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]\n" +
   "         [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout SECONDS]\n" +
   "         [--lost-ack-fraction F] [--relay-workers N] [--rabbit-cluster] [--no-partition-churn] [--keep-logs]\n" +
-  "  --no-partition-churn  leave the partitions to the relays and inboxes (no 30 s partitions made and dropped)\n" +
+  "  --no-partition-churn  leave the partitions to the relays and inboxes (no 60 s partitions made and dropped)\n" +
   "  --rabbit-cluster  a three-node RabbitMQ cluster instead of one node: every relay and consumer gets\n" +
   "                    the three URLs, and a fault kind rabbitNodeKill SIGKILLs one node and boots it again\n" +
   "                    2-6 s later (one node down at most; rabbitRestart stops and starts one node).\n" +

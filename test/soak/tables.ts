@@ -70,6 +70,7 @@ export const createBusinessTables = async (db: Db): Promise<void> => {
            coalesce(x.attempts, a.attempts, e.attempts) AS attempts,
            coalesce(x.status, a.status, 'sent') AS status,
            coalesce(x.published_at, a.published_at) AS published_at,
+           coalesce(x.lock_token, a.lock_token) AS lock_token,
            coalesce(x.last_error, a.last_error) AS last_error
     FROM soak_events e
     LEFT JOIN txbox.outbox x ON x.id = e.id

@@ -55,6 +55,8 @@ const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, Stor
   )
 
 const LOCK_NAMESPACE = 0x7478626f // "txbo", as the migrator's
+/** A partition is made only if it begins at least this far ahead: no row of its range exists yet. */
+const LEAD_MS = 10_000
 /** The longest a create or a drop waits for its lock: what it may stall the statements queued behind it. */
 const LOCK_WAIT = "250ms"
 const KEY_COLUMN: Record<QueueTable, string> = { outbox: "id", inbox: "message_id" }
@@ -107,11 +109,12 @@ const dbNowMs = async (db: AnyDb): Promise<number> => {
 
 /** Every partition of the outbox and the inbox, by table then name; empty for a table not partitioned. */
 export const listPartitions = (db: Tables): Effect.Effect<ReadonlyArray<QueuePartition>, StoreError> =>
-  query("partitions.list", async () => {
-    const all: QueuePartition[] = []
-    for (const table of QUEUE_TABLES) all.push(...(await partitionsOf(db.db as AnyDb, db.schema, table)))
-    return all
-  })
+  Effect.map(
+    Effect.forEach(QUEUE_TABLES, (table) =>
+      query("partitions.list", () => partitionsOf(db.db as AnyDb, db.schema, table)),
+    ),
+    (lists) => lists.flat(),
+  )
 
 /** What `ensurePartitions` did. */
 export interface EnsureResult {
@@ -127,13 +130,80 @@ export interface EnsureResult {
   readonly notPartitioned: ReadonlyArray<QueueTable>
 }
 
+/** The time ranges of `table`'s partitions that have them (not the default, not hand-made bounds). */
+const spansOf = (partitions: ReadonlyArray<QueuePartition>) =>
+  partitions.flatMap((p) => {
+    const fromMs = p.from?.at?.getTime()
+    const toMs = p.to?.at?.getTime()
+    return fromMs === undefined || toMs === undefined ? [] : [{ fromMs, toMs }]
+  })
+
+/**
+ * Makes partition `name` of `table` for `[fromMs, toMs)` in one transaction,
+ * unless it exists or rows of that range are already in the default
+ * partition. The default partition is locked first (ATTACH needs that lock
+ * anyway): no row can land in it between the check and the ATTACH.
+ */
+const createPartition = (
+  db: Tables,
+  table: QueueTable,
+  name: string,
+  range: { readonly fromMs: number; readonly toMs: number },
+) =>
+  query("partitions.ensure", () =>
+    (db.db as AnyDb).transaction().execute(async (trx) => {
+      await sql.raw(`SET LOCAL lock_timeout = '${LOCK_WAIT}'`).execute(trx)
+      // One creator at a time per schema; another one at work now leaves this pass to it.
+      const mine = await sql<{ mine: boolean }>`
+        SELECT pg_try_advisory_xact_lock(${LOCK_NAMESPACE}, hashtext(${`${db.schema}.partitions`})) AS mine`.execute(
+        trx,
+      )
+      if (mine.rows[0]?.mine !== true) return "busy" as const
+      const now = await partitionsOf(trx, db.schema, table)
+      if (now.some((p) => p.name === name)) return "exists" as const
+      const from = idBound(range.fromMs)
+      const to = idBound(range.toMs)
+      const fallback = now.find((p) => p.isDefault)
+      if (fallback !== undefined) {
+        const defaultTable = qualified(db.schema, fallback.name)
+        await sql.raw(`LOCK TABLE ${defaultTable} IN ACCESS EXCLUSIVE MODE`).execute(trx)
+        const key = KEY_COLUMN[table]
+        const type = KEY_TYPE[table]
+        // sql: ONLY and a partition's name are outside Kysely's typed tables. The key's index answers.
+        const taken = await sql`SELECT 1 FROM ONLY ${sql.raw(defaultTable)}
+          WHERE ${sql.ref(key)} >= ${from}::${sql.raw(type)} AND ${sql.ref(key)} < ${to}::${sql.raw(type)}
+          LIMIT 1`.execute(trx)
+        if (taken.rows.length > 0) return "taken" as const
+      }
+      // sql: DDL. LIKE then ATTACH, not PARTITION OF, which would lock the parent ACCESS EXCLUSIVE.
+      await sql
+        .raw(
+          `CREATE TABLE ${qualified(db.schema, name)} ` +
+            `(LIKE ${qualified(db.schema, table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+        )
+        .execute(trx)
+      await sql
+        .raw(
+          `ALTER TABLE ${qualified(db.schema, table)} ATTACH PARTITION ${qualified(db.schema, name)} ` +
+            `FOR VALUES FROM ('${from}') TO ('${to}')`,
+        )
+        .execute(trx)
+      return "created" as const
+    }),
+  )
+
 /**
  * Creates the partitions that cover the database's `now()` to `now() + ahead`,
- * each `every` long (aligned to it, in UTC), that do not exist yet. A range
+ * each `every` long (aligned to it, in UTC), that do not exist yet and begin
+ * more than LEAD_MS from now (unless `includeCurrent`): rows of the current
+ * day stay where they go today, the default partition when its partition is
+ * missing. A range
  * some of whose rows already sit in the default partition (no partition
  * existed when they were written) is skipped: those rows stay where they
  * are, and so does the rest of that range, so that every copy of a message
  * keeps landing in one partition. Several processes may run it at once.
+ * Each statement is a step of its own: interrupted (a relay shutting down),
+ * it starts nothing more on the pool.
  */
 export const ensurePartitions = (
   db: Tables,
@@ -141,62 +211,33 @@ export const ensurePartitions = (
     readonly aheadMs: number
     readonly everyMs: number
     readonly tables?: ReadonlyArray<QueueTable>
+    /**
+     * Also the partition that holds now, when it is missing: only while nothing writes to the
+     * table (a new install, a test). @default false: from the next one on
+     */
+    readonly includeCurrent?: boolean
   },
 ): Effect.Effect<EnsureResult, StoreError> =>
-  query("partitions.ensure", async () => {
+  Effect.gen(function* () {
     const created: Array<{ table: QueueTable; name: string }> = []
     const skipped: Array<{ table: QueueTable; name: string; reason: string }> = []
     const notPartitioned: QueueTable[] = []
     const base = db.db as AnyDb
     for (const table of options.tables ?? QUEUE_TABLES) {
-      if (!(await isPartitioned(base, db.schema, table))) {
+      if (!(yield* query("partitions.ensure", () => isPartitioned(base, db.schema, table)))) {
         notPartitioned.push(table)
         continue
       }
-      const nowMs = await dbNowMs(base)
-      const existing = await partitionsOf(base, db.schema, table)
-      const spans = existing.flatMap((p) => {
-        const fromMs = p.from?.at?.getTime()
-        const toMs = p.to?.at?.getTime()
-        return fromMs === undefined || toMs === undefined ? [] : [{ fromMs, toMs }]
-      })
-      for (const range of missingRanges(nowMs, options.aheadMs, options.everyMs, spans)) {
+      const nowMs = yield* query("partitions.ensure", () => dbNowMs(base))
+      const existing = yield* query("partitions.ensure", () => partitionsOf(base, db.schema, table))
+      const ranges = missingRanges(nowMs, options.aheadMs, options.everyMs, spansOf(existing)).filter(
+        // A range that has begun (or begins before the ATTACH is surely done) may be written to now: an
+        // INSERT routed to the default partition before the ATTACH and run after it would fail.
+        (r) => options.includeCurrent === true || r.fromMs > nowMs + LEAD_MS,
+      )
+      for (const range of ranges) {
         const name = partitionName(table, range.fromMs, options.everyMs)
-        const outcome = await base.transaction().execute(async (trx) => {
-          // One creator at a time per schema; the second finds the work done.
-          await sql`SELECT pg_advisory_xact_lock(${LOCK_NAMESPACE}, hashtext(${`${db.schema}.partitions`}))`.execute(
-            trx,
-          )
-          await sql.raw(`SET LOCAL lock_timeout = '${LOCK_WAIT}'`).execute(trx)
-          const now = await partitionsOf(trx, db.schema, table)
-          if (now.some((p) => p.name === name)) return "exists" as const
-          const from = idBound(range.fromMs)
-          const to = idBound(range.toMs)
-          const fallback = now.find((p) => p.isDefault)
-          if (fallback !== undefined) {
-            const key = KEY_COLUMN[table]
-            const type = KEY_TYPE[table]
-            // sql: ONLY and a partition's name are outside Kysely's typed tables. The key's index answers.
-            const taken = await sql`SELECT 1 FROM ONLY ${sql.raw(qualified(db.schema, fallback.name))}
-              WHERE ${sql.ref(key)} >= ${from}::${sql.raw(type)} AND ${sql.ref(key)} < ${to}::${sql.raw(type)}
-              LIMIT 1`.execute(trx)
-            if (taken.rows.length > 0) return "taken" as const
-          }
-          // sql: DDL. LIKE then ATTACH, not PARTITION OF, which would lock the parent ACCESS EXCLUSIVE.
-          await sql
-            .raw(
-              `CREATE TABLE ${qualified(db.schema, name)} ` +
-                `(LIKE ${qualified(db.schema, table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
-            )
-            .execute(trx)
-          await sql
-            .raw(
-              `ALTER TABLE ${qualified(db.schema, table)} ATTACH PARTITION ${qualified(db.schema, name)} ` +
-                `FOR VALUES FROM ('${from}') TO ('${to}')`,
-            )
-            .execute(trx)
-          return "created" as const
-        })
+        const outcome = yield* createPartition(db, table, name, range)
         if (outcome === "created") created.push({ table, name })
         else if (outcome === "taken")
           skipped.push({ table, name, reason: "rows of this range are already in the default partition" })
@@ -248,27 +289,20 @@ export const dropPartitions = (
   db: Tables,
   options: DropOptions,
 ): Effect.Effect<ReadonlyArray<DropDecision>, StoreError> =>
-  query("partitions.drop", async () => {
+  Effect.gen(function* () {
     const base = db.db as AnyDb
     const decisions: DropDecision[] = []
     for (const table of options.tables ?? QUEUE_TABLES) {
-      if (!(await isPartitioned(base, db.schema, table))) continue
-      const nowMs = await dbNowMs(base)
+      if (!(yield* query("partitions.drop", () => isPartitioned(base, db.schema, table)))) continue
+      const nowMs = yield* query("partitions.drop", () => dbNowMs(base))
       const keepMs =
         table === "inbox" ? Math.max(options.olderThanMs, options.dedupeWindowMs) : options.olderThanMs
-      for (const p of await partitionsOf(base, db.schema, table)) {
+      for (const p of yield* query("partitions.drop", () => partitionsOf(base, db.schema, table))) {
         const toMs = p.to?.at?.getTime()
         if (p.isDefault || toMs === undefined || toMs > nowMs - keepMs) continue
-        const outcome = await base.transaction().execute(async (trx) => {
-          await sql.raw(`SET LOCAL lock_timeout = '${LOCK_WAIT}'`).execute(trx)
-          if (!options.dryRun)
-            await sql.raw(`LOCK TABLE ${qualified(db.schema, table)} IN ACCESS EXCLUSIVE MODE`).execute(trx)
-          const why = await whyKept(trx, db.schema, table, p.name, options.dedupeWindowMs)
-          if (why !== undefined) return { why, archived: 0 }
-          const archived = await archiveDead(trx, db.schema, table, p.name, options.dryRun === true)
-          if (!options.dryRun) await sql.raw(`DROP TABLE ${qualified(db.schema, p.name)}`).execute(trx)
-          return { why, archived }
-        })
+        const outcome = yield* query("partitions.drop", () =>
+          dropOne(base, db.schema, table, p.name, options),
+        )
         decisions.push({
           table,
           name: p.name,
@@ -280,6 +314,19 @@ export const dropPartitions = (
       }
     }
     return decisions
+  })
+
+/** One partition's drop, in one transaction: the parent locked, checked again, dead rows archived, dropped. */
+const dropOne = (base: AnyDb, schema: string, table: QueueTable, name: string, options: DropOptions) =>
+  base.transaction().execute(async (trx) => {
+    await sql.raw(`SET LOCAL lock_timeout = '${LOCK_WAIT}'`).execute(trx)
+    if (!options.dryRun)
+      await sql.raw(`LOCK TABLE ${qualified(schema, table)} IN ACCESS EXCLUSIVE MODE`).execute(trx)
+    const why = await whyKept(trx, schema, table, name, options.dedupeWindowMs)
+    if (why !== undefined) return { why, archived: 0 }
+    const archived = await archiveDead(trx, schema, table, name, options.dryRun === true)
+    if (!options.dryRun) await sql.raw(`DROP TABLE ${qualified(schema, name)}`).execute(trx)
+    return { why, archived }
   })
 
 /** Why partition `name` must stay; undefined when it may go. Each probe is answered by a partial index. */
