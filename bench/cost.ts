@@ -34,7 +34,7 @@ import { deleteTopology, uniqueName } from "./support/amqp.ts"
 import { type Child, type ProducerLine, type RelayStatsLine, spawnChild } from "./support/children.ts"
 import { type CpuMeter, type CpuUse, cpuMeter, portOf, threadSeconds, threadsUsed } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
-import { HAND_SCHEMA_SQL } from "./support/hand.ts"
+import { HAND_SCHEMA_SQL, PIPELINE_TABLES_SQL } from "./support/hand.ts"
 import {
   type Cell,
   log,
@@ -436,17 +436,7 @@ async function runOnce(
       SELECT setting FROM pg_settings WHERE name = 'track_commit_timestamp'`.execute(bench.db)
     const clock: "commit" | "insert" = track.rows[0]?.setting === "on" ? "commit" : "insert"
     // e2e.ts's order table and handler effect table; the hand-written outbox's tables.
-    await bench.sql.unsafe(`
-      CREATE TABLE orders (
-        id uuid PRIMARY KEY, customer_id uuid NOT NULL, total numeric NOT NULL,
-        created_at timestamptz NOT NULL DEFAULT clock_timestamp(), serial int NOT NULL, run int NOT NULL
-      );
-      CREATE SCHEMA bench;
-      CREATE TABLE bench.handled (
-        id bigserial PRIMARY KEY, serial int NOT NULL, key text, seq bigint,
-        handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
-      );
-      ${HAND_SCHEMA_SQL}`)
+    await bench.sql.unsafe(`${PIPELINE_TABLES_SQL}${HAND_SCHEMA_SQL}`)
 
     // Inboxes first: the queue must exist before anything is published.
     const inboxes = Array.from({ length: topology.inboxes }, () =>

@@ -29,6 +29,7 @@ import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres
 import { uniqueName } from "./support/amqp.ts"
 import { type Child, type ProducerLine, type RelayStatsLine, spawnChild } from "./support/children.ts"
 import { createBenchDatabase } from "./support/db.ts"
+import { PIPELINE_TABLES_SQL } from "./support/hand.ts"
 import {
   log,
   main,
@@ -193,16 +194,7 @@ main(() =>
       const bench = await createBenchDatabase(local.url, "retention")
       const db = bench.db
       await sql`CREATE EXTENSION IF NOT EXISTS pg_stat_statements`.execute(db)
-      await bench.sql.unsafe(`
-        CREATE TABLE orders (
-          id uuid PRIMARY KEY, customer_id uuid NOT NULL, total numeric NOT NULL,
-          created_at timestamptz NOT NULL DEFAULT clock_timestamp(), serial int NOT NULL, run int NOT NULL
-        );
-        CREATE SCHEMA bench;
-        CREATE TABLE bench.handled (
-          id bigserial PRIMARY KEY, serial int NOT NULL, key text, seq bigint,
-          handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
-        );`)
+      await bench.sql.unsafe(PIPELINE_TABLES_SQL)
 
       const emptyClaim = await claimProbeMs(bench.url, config.probes)
       log(`claim probe on an empty table: p50 ${emptyClaim.p50} ms, p99 ${emptyClaim.p99} ms`)

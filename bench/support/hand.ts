@@ -25,6 +25,21 @@ export const HAND_SCHEMA_SQL = `
     PRIMARY KEY (message_id, consumer)
   );`
 
+/**
+ * The business tables of a whole-pipeline bench (cost.ts, retention.ts): the producers' orders and
+ * the handlers' effects, joined by `serial` for commit → handler latency.
+ */
+export const PIPELINE_TABLES_SQL = `
+  CREATE TABLE orders (
+    id uuid PRIMARY KEY, customer_id uuid NOT NULL, total numeric NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(), serial int NOT NULL, run int NOT NULL
+  );
+  CREATE SCHEMA bench;
+  CREATE TABLE bench.handled (
+    id bigserial PRIMARY KEY, serial int NOT NULL, key text, seq bigint,
+    handled_at timestamptz NOT NULL DEFAULT clock_timestamp()
+  );`
+
 /** The business write both producers make (producerProcess.ts sends it through Kysely's transaction). */
 export const ORDER_INSERT =
   "INSERT INTO orders (id, customer_id, total, serial, run) VALUES ($1, $2, $3, $4, $5)"
