@@ -31,7 +31,14 @@ import { deadQueueName, delayQueueName, queueName } from "../src/transport/amqp/
 import { startPgBouncer } from "../test/support/pgbouncer.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
-import { type Child, type ProducerLine, type RelayStatsLine, spawnChild } from "./support/children.ts"
+import {
+  type Child,
+  defaultInboxEnv,
+  defaultRelayEnv,
+  type ProducerLine,
+  type RelayStatsLine,
+  spawnChild,
+} from "./support/children.ts"
 import { type CpuMeter, type CpuUse, cpuMeter, portOf, threadSeconds, threadsUsed } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import { HAND_SCHEMA_SQL, PIPELINE_TABLES_SQL } from "./support/hand.ts"
@@ -448,23 +455,10 @@ async function runOnce(
             QUEUE: consumer,
             STATS_MS: "100",
           })
-        : spawnChild<InboxLine>("inboxProcess.ts", {
-            DB_URL: dbUrl,
-            LISTEN_URL: bench.url,
-            AMQP_URL: amqpUrl,
-            EXCHANGE: exchange,
-            CONSUMER: consumer,
-            RECORD: "1",
-            STATS_MS: "100",
-            // Empty = the library's default (the bench's own environment must not set them).
-            MODE: "",
-            PREFETCH: "",
-            TRANSACTIONS: "",
-            QUEUE_TYPE: "",
-            BATCH: "",
-            POLL_MS: "",
-            CONCURRENCY: "",
-          }),
+        : spawnChild<InboxLine>(
+            "inboxProcess.ts",
+            defaultInboxEnv({ dbUrl, listenUrl: bench.url, amqpUrl, exchange, consumer, statsMs: 100 }),
+          ),
     )
     children.push(...inboxes)
     await Promise.all(inboxes.map((c) => c.ready))
@@ -473,18 +467,7 @@ async function runOnce(
         pipeline === "hand" ? "handRelayProcess.ts" : "relayProcess.ts",
         pipeline === "hand"
           ? { DB_URL: dbUrl, AMQP_URL: amqpUrl, EXCHANGE: exchange, STATS_MS: "1000" }
-          : {
-              DB_URL: dbUrl,
-              LISTEN_URL: bench.url,
-              AMQP_URL: amqpUrl,
-              EXCHANGE: exchange,
-              STATS_MS: "1000",
-              HEAP: "0",
-              BATCH: "",
-              WORKERS: "",
-              POLL_MS: "",
-              LISTEN: "",
-            },
+          : defaultRelayEnv({ dbUrl, listenUrl: bench.url, amqpUrl, exchange }),
       ),
     )
     children.push(...relays)

@@ -27,7 +27,14 @@ import { DAY_MS, idBound, partitionName } from "../src/storage/sql/partitionBoun
 import { dropPartitions } from "../src/storage/sql/partitions.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
 import { uniqueName } from "./support/amqp.ts"
-import { type Child, type ProducerLine, type RelayStatsLine, spawnChild } from "./support/children.ts"
+import {
+  type Child,
+  defaultInboxEnv,
+  defaultRelayEnv,
+  type ProducerLine,
+  type RelayStatsLine,
+  spawnChild,
+} from "./support/children.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import { PIPELINE_TABLES_SQL } from "./support/hand.ts"
 import {
@@ -216,36 +223,23 @@ main(() =>
 
       const exchange = uniqueName("bench.retention")
       const consumer = uniqueName("retention")
-      const inbox = spawnChild<InboxLine>("inboxProcess.ts", {
-        DB_URL: bench.url,
-        LISTEN_URL: bench.url,
-        AMQP_URL: services.amqpUrl,
-        EXCHANGE: exchange,
-        CONSUMER: consumer,
-        RECORD: "1",
-        STATS_MS: "500",
-        MODE: "",
-        PREFETCH: "",
-        TRANSACTIONS: "",
-        QUEUE_TYPE: "",
-        BATCH: "",
-        POLL_MS: "",
-        CONCURRENCY: "",
-      })
+      const inbox = spawnChild<InboxLine>(
+        "inboxProcess.ts",
+        defaultInboxEnv({
+          dbUrl: bench.url,
+          listenUrl: bench.url,
+          amqpUrl: services.amqpUrl,
+          exchange,
+          consumer,
+          statsMs: 500,
+        }),
+      )
       children.push(inbox)
       await inbox.ready
-      const relay = spawnChild<RelayStatsLine>("relayProcess.ts", {
-        DB_URL: bench.url,
-        LISTEN_URL: bench.url,
-        AMQP_URL: services.amqpUrl,
-        EXCHANGE: exchange,
-        STATS_MS: "1000",
-        HEAP: "0",
-        BATCH: "",
-        WORKERS: "",
-        POLL_MS: "",
-        LISTEN: "",
-      })
+      const relay = spawnChild<RelayStatsLine>(
+        "relayProcess.ts",
+        defaultRelayEnv({ dbUrl: bench.url, listenUrl: bench.url, amqpUrl: services.amqpUrl, exchange }),
+      )
       children.push(relay)
       const producer = spawnChild<ProducerLine>("producerProcess.ts", {
         DB_URL: bench.url,

@@ -166,3 +166,51 @@ export const spawnRelay = (config: RelayChildConfig): Child<RelayStatsLine> =>
     POLL_MS: String(config.pollMs ?? 1000),
     STATS_MS: String(config.statsMs ?? 1000),
   })
+
+/**
+ * The environment of a txbox inbox process (support/inboxProcess.ts) at the library's defaults, as
+ * the whole-pipeline benches run it (cost.ts, retention.ts): every knob empty, LISTEN direct.
+ */
+export const defaultInboxEnv = (c: {
+  readonly dbUrl: string
+  readonly listenUrl: string
+  readonly amqpUrl: string
+  readonly exchange: string
+  readonly consumer: string
+  readonly statsMs: number
+}): Record<string, string> => ({
+  DB_URL: c.dbUrl,
+  LISTEN_URL: c.listenUrl,
+  AMQP_URL: c.amqpUrl,
+  EXCHANGE: c.exchange,
+  CONSUMER: c.consumer,
+  RECORD: "1",
+  STATS_MS: String(c.statsMs),
+  // Empty = the library's default (the bench's own environment must not set them).
+  MODE: "",
+  PREFETCH: "",
+  TRANSACTIONS: "",
+  QUEUE_TYPE: "",
+  BATCH: "",
+  POLL_MS: "",
+  CONCURRENCY: "",
+})
+
+/** The environment of a txbox relay process (support/relayProcess.ts) at the library's defaults. */
+export const defaultRelayEnv = (c: {
+  readonly dbUrl: string
+  readonly listenUrl: string
+  readonly amqpUrl: string
+  readonly exchange: string
+}): Record<string, string> => ({
+  DB_URL: c.dbUrl,
+  LISTEN_URL: c.listenUrl,
+  AMQP_URL: c.amqpUrl,
+  EXCHANGE: c.exchange,
+  STATS_MS: "1000",
+  HEAP: "0",
+  BATCH: "",
+  WORKERS: "",
+  POLL_MS: "",
+  LISTEN: "",
+})
