@@ -21,6 +21,26 @@ const fromEnv = (name) => {
   return value
 }
 
+// A scenario takes a second or two; one still running after this is a hang (a pool that never
+// ends, say), reported as a failure instead of holding the suite until CI's own limit.
+const SCENARIO_DEADLINE_MS = 120_000
+
+/** `work`, or a failure naming `what` once SCENARIO_DEADLINE_MS passed without it settling. */
+const withinDeadline = async (what, work) => {
+  let timer
+  const deadline = new Promise((_, reject) => {
+    timer = setTimeout(
+      () => reject(new Error(`${what} did not finish within ${SCENARIO_DEADLINE_MS} ms`)),
+      SCENARIO_DEADLINE_MS,
+    )
+  })
+  try {
+    return await Promise.race([work, deadline])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
 const unique = (prefix) => `${prefix}_${Date.now().toString(36)}_${randomBytes(4).toString("hex")}`
 
 /** Polls `check` until it returns true; fails naming `what` after `timeoutMs`. */
@@ -155,34 +175,37 @@ const writeHere = ({ modules, db, orderId }) =>
  * @param {(target: { modules: any, url: string, db: any, orderId: string }) => Promise<{ id: string }>} [write]
  */
 export const smokeEffect = (modules, app, store, write = writeHere) =>
-  withDatabase(modules, app, async ({ url, db }) => {
-    const { Inbox, Relay } = modules.txbox
-    const OrderPlaced = orderPlaced(modules)
-    const consumer = unique("smoke-effect")
-    const orderId = randomUUID()
-    const infra = Layer.mergeAll(store({ url, db }), transport(modules))
-    const program = Effect.gen(function* () {
-      // The inbox first: its queue must be bound before the relay publishes, or the event is unroutable.
-      yield* Inbox.make({
-        consumer,
-        handlers: [
-          Inbox.handler(OrderPlaced, ({ payload, trx }) =>
-            Effect.promise(() =>
-              trx
-                .insertInto("invoices")
-                .values({ order_id: payload.orderId, total: payload.total })
-                .execute(),
+  withinDeadline(
+    "the Effect API scenario",
+    withDatabase(modules, app, async ({ url, db }) => {
+      const { Inbox, Relay } = modules.txbox
+      const OrderPlaced = orderPlaced(modules)
+      const consumer = unique("smoke-effect")
+      const orderId = randomUUID()
+      const infra = Layer.mergeAll(store({ url, db }), transport(modules))
+      const program = Effect.gen(function* () {
+        // The inbox first: its queue must be bound before the relay publishes, or the event is unroutable.
+        yield* Inbox.make({
+          consumer,
+          handlers: [
+            Inbox.handler(OrderPlaced, ({ payload, trx }) =>
+              Effect.promise(() =>
+                trx
+                  .insertInto("invoices")
+                  .values({ order_id: payload.orderId, total: payload.total })
+                  .execute(),
+              ),
             ),
-          ),
-        ],
+          ],
+        })
+        yield* Relay.make({ pollInterval: "100 millis" })
+        const written = yield* Effect.promise(() => write({ modules, url, db, orderId }))
+        // Checked while the scope is open: closing it stops the relay and the inbox.
+        yield* Effect.promise(() => assertDelivered(db, { orderId, messageId: written.id, consumer }))
       })
-      yield* Relay.make({ pollInterval: "100 millis" })
-      const written = yield* Effect.promise(() => write({ modules, url, db, orderId }))
-      // Checked while the scope is open: closing it stops the relay and the inbox.
-      yield* Effect.promise(() => assertDelivered(db, { orderId, messageId: written.id, consumer }))
-    })
-    await Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(infra)))
-  })
+      await Effect.runPromise(program.pipe(Effect.scoped, Effect.provide(infra)))
+    }),
+  )
 
 /**
  * The Promise facade (`txbox/promise`): `createTxbox`, `start()`, `close()`.
@@ -191,31 +214,37 @@ export const smokeEffect = (modules, app, store, write = writeHere) =>
  * @param {(target: { url: string, db: any }) => any} store the store layer
  */
 export const smokePromise = (modules, app, store) =>
-  withDatabase(modules, app, async ({ url, db }) => {
-    const OrderPlaced = orderPlaced(modules)
-    const consumer = unique("smoke-promise")
-    const orderId = randomUUID()
-    const txbox = modules.promise.createTxbox({ database: store({ url, db }), transport: transport(modules) })
-    try {
-      const inbox = txbox.inbox({
-        consumer,
-        handlers: [
-          modules.promise.on(OrderPlaced, async ({ payload, trx }) => {
-            await trx
-              .insertInto("invoices")
-              .values({ order_id: payload.orderId, total: payload.total })
-              .execute()
-          }),
-        ],
+  withinDeadline(
+    "the Promise facade scenario",
+    withDatabase(modules, app, async ({ url, db }) => {
+      const OrderPlaced = orderPlaced(modules)
+      const consumer = unique("smoke-promise")
+      const orderId = randomUUID()
+      const txbox = modules.promise.createTxbox({
+        database: store({ url, db }),
+        transport: transport(modules),
       })
-      await inbox.start()
-      await txbox.relay({ pollInterval: "100 millis" }).start()
-      const written = await db.transaction().execute(async (trx) => {
-        await trx.insertInto("orders").values({ id: orderId, total: 42.5 }).execute()
-        return txbox.enqueue(trx, OrderPlaced, { orderId, total: 42.5 }, { partitionKey: orderId })
-      })
-      await assertDelivered(db, { orderId, messageId: written.id, consumer })
-    } finally {
-      await txbox.close()
-    }
-  })
+      try {
+        const inbox = txbox.inbox({
+          consumer,
+          handlers: [
+            modules.promise.on(OrderPlaced, async ({ payload, trx }) => {
+              await trx
+                .insertInto("invoices")
+                .values({ order_id: payload.orderId, total: payload.total })
+                .execute()
+            }),
+          ],
+        })
+        await inbox.start()
+        await txbox.relay({ pollInterval: "100 millis" }).start()
+        const written = await db.transaction().execute(async (trx) => {
+          await trx.insertInto("orders").values({ id: orderId, total: 42.5 }).execute()
+          return txbox.enqueue(trx, OrderPlaced, { orderId, total: 42.5 }, { partitionKey: orderId })
+        })
+        await assertDelivered(db, { orderId, messageId: written.id, consumer })
+      } finally {
+        await txbox.close()
+      }
+    }),
+  )

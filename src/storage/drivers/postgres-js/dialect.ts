@@ -26,8 +26,8 @@ export interface PostgresJsReserved {
 export interface PostgresJsPool {
   /** Takes a connection for one Kysely connection's lifetime (a transaction's statements all run on it). */
   reserve(): Promise<PostgresJsReserved>
-  /** Closes the pool: called when the Kysely is destroyed. */
-  end(): Promise<void>
+  /** Closes the pool: called when the Kysely is destroyed, with a deadline in seconds for what still runs. */
+  end(options?: { readonly timeout?: number }): Promise<void>
 }
 
 /** What `PostgresJsDialect` runs on. */
@@ -38,6 +38,13 @@ export interface PostgresJsDialectConfig {
 
 // Kysely reports affected rows for these verbs only, as its PostgresDriver does.
 const WRITES = new Set(["INSERT", "UPDATE", "DELETE", "MERGE"])
+
+// postgres.js 3.4's end() never settles when a reserved connection is handed back after it began
+// (upstream #925), and a later end() with a deadline returns that same promise. So destroy waits for
+// the connections Kysely still holds (a transaction finishing after a shutdown interrupted its
+// caller), this long at most, then ends the pool with a deadline.
+const RELEASE_WAIT_MS = 10_000
+const END_DEADLINE_SECONDS = 2
 
 class PostgresJsConnection implements DatabaseConnection {
   readonly reserved: PostgresJsReserved
@@ -70,6 +77,13 @@ class PostgresJsConnection implements DatabaseConnection {
 
 class PostgresJsDriver extends PostgresSessionDriver {
   readonly #pool: PostgresJsPool
+  /** Connections reserved or being reserved, not handed back yet. */
+  #held = 0
+  #destroying = false
+  /** The pool was ended: a connection handed back now is not given to it (its socket may be gone). */
+  #ended = false
+  /** Called when the last held connection is handed back during a destroy. */
+  #allReleased: (() => void) | undefined
 
   constructor(config: PostgresJsDialectConfig) {
     super()
@@ -79,15 +93,45 @@ class PostgresJsDriver extends PostgresSessionDriver {
   async init(): Promise<void> {}
 
   async acquireConnection(): Promise<DatabaseConnection> {
-    return new PostgresJsConnection(await this.#pool.reserve())
+    if (this.#destroying) throw new Error("this Kysely was destroyed: its postgres.js pool is ending")
+    this.#held++
+    try {
+      return new PostgresJsConnection(await this.#pool.reserve())
+    } catch (error) {
+      this.#handedBack()
+      throw error
+    }
   }
 
   async releaseConnection(connection: DatabaseConnection): Promise<void> {
-    ;(connection as PostgresJsConnection).reserved.release()
+    try {
+      if (!this.#ended) (connection as PostgresJsConnection).reserved.release()
+    } finally {
+      this.#handedBack()
+    }
+  }
+
+  #handedBack(): void {
+    this.#held--
+    if (this.#held === 0) this.#allReleased?.()
   }
 
   async destroy(): Promise<void> {
-    await this.#pool.end()
+    this.#destroying = true
+    if (this.#held > 0) {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, RELEASE_WAIT_MS)
+        this.#allReleased = () => {
+          clearTimeout(timer)
+          resolve()
+        }
+      })
+    }
+    try {
+      await this.#pool.end({ timeout: END_DEADLINE_SECONDS })
+    } finally {
+      this.#ended = true
+    }
   }
 }
 
