@@ -84,6 +84,20 @@ export interface InboxConfig {
    */
   readonly onOrderedDead?: OrderedDeadPolicy
   /**
+   * Retention by dropping whole days of the inbox (migration 0015): this
+   * inbox keeps the inbox's day partitions, made three days ahead, and drops
+   * one once its range ended more than `olderThan` ago, its last row was
+   * processed more than `olderThan` ago, and it holds no pending or dead row
+   * (dead rows go to `inbox_archive` first). `olderThan` is the dedupe window:
+   * a copy of a message redelivered after its partition went is applied again,
+   * so it must cover the broker's longest redelivery. The partitions are shared
+   * by every consumer of the database: the longest window among them (or
+   * `txbox partitions drop --dedupe-window`) is the one that holds. Without it
+   * no day partition is made (rows stay in the default partition) and none is
+   * dropped. @default off
+   */
+  readonly retention?: { readonly olderThan: Duration.Input }
+  /**
    * Runs after the inbox transaction committed and before the broker ack
    * (idempotent mode: after the handler's commit; store-then-process: after
    * the delivery was stored). For metrics, and for tests that crash there.
@@ -160,6 +174,8 @@ export interface ResolvedInboxConfig {
   readonly handlerTimeoutMs: number
   /** `InboxConfig.onOrderedDead`: `"block"` or `"skip"` the key's later messages. */
   readonly onOrderedDead: OrderedDeadPolicy
+  /** `InboxConfig.retention.olderThan`, in ms; undefined when off. */
+  readonly retentionMs: number | undefined
   /** Per-message handler retries, over `defaultRetryPolicy`. */
   readonly retry: RetryPolicy
   /** In-memory backoff while the database or broker is away (200 ms to 10 s). */
@@ -244,6 +260,10 @@ export const resolveConfig = (c: InboxConfig): Effect.Effect<ResolvedInboxConfig
       handlerTimeoutMs,
       pollMs: config.millis("inbox pollInterval", c.pollInterval, "1 second", { minMs: 1 }),
       onOrderedDead: config.oneOf("inbox onOrderedDead", c.onOrderedDead, "block", ["block", "skip"]),
+      retentionMs:
+        c.retention === undefined
+          ? undefined
+          : config.millis("inbox retention.olderThan", c.retention.olderThan, 0, { minMs: 1 }),
       retry: makeRetryPolicy(c.retry, "inbox retry"),
       outage: makeRetryPolicy({ initialDelay: "200 millis", maxDelay: "10 seconds" }, "inbox outageRetry"),
     }
@@ -328,12 +348,22 @@ export const make = (
         Effect.repeat(Schedule.spaced(UNPARK_EVERY)),
       ),
     )
-    // The next days' partitions of the inbox (migration 0015), looked after hourly: a catalog read
-    // when they exist. Without them rows go to the default partition, never lost.
-    if (store.keepPartitions !== undefined) {
+    // With retention, the inbox's day partitions (migration 0015), looked after hourly: the next
+    // days' made, the old ones dropped. Only then: kept forever, their number would grow by one a
+    // day and so would the planning of every statement on the inbox. Without them rows go to the
+    // default partition, never lost.
+    if (store.keepPartitions !== undefined && c.retentionMs !== undefined) {
       const keep = store.keepPartitions
+      const dropOlderThanMs = c.retentionMs
       yield* Effect.forkScoped(
-        keep({ aheadMs: PARTITIONS_AHEAD_MS, everyMs: PARTITION_EVERY_MS }).pipe(
+        keep({ aheadMs: PARTITIONS_AHEAD_MS, everyMs: PARTITION_EVERY_MS, dropOlderThanMs }).pipe(
+          Effect.tap(({ created, dropped }) =>
+            created.length + dropped.length > 0
+              ? Effect.logInfo(
+                  `inbox ${c.consumer} partitions: created ${created.join(", ") || "none"}; dropped ${dropped.join(", ") || "none"}`,
+                )
+              : Effect.void,
+          ),
           Effect.catch((e) => Effect.logWarning(`inbox ${c.consumer} partitions: ${e.message}`)),
           Effect.repeat(Schedule.spaced(PARTITIONS_CHECK_MS)),
         ),

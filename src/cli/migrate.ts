@@ -1,9 +1,7 @@
 /** `txbox migrate [--dry-run]`: applies migrations/*.sql to the schema, or shows what it would apply. */
 import { Effect } from "effect"
 import { Command, Flag } from "effect/cli"
-import { PARTITION_EVERY_MS, PARTITIONS_AHEAD_MS } from "../core/partitioning.ts"
 import { migrate, pending } from "../storage/sql/migrator.ts"
-import { ensurePartitions } from "../storage/sql/partitions.ts"
 import { connectionFlags, jsonFlag, withDatabase } from "./options.ts"
 import { print, printJson } from "./output.ts"
 
@@ -42,20 +40,10 @@ export const command = Command.make(
           })
         : Effect.gen(function* () {
             const result = yield* migrate(db.db, { schema: db.schema })
-            // The next days' partitions, so a new install partitions from its first row (the relay
-            // and the inbox keep them from then on).
-            const made = yield* ensurePartitions(db, {
-              aheadMs: PARTITIONS_AHEAD_MS,
-              everyMs: PARTITION_EVERY_MS,
-            })
-            if (json)
-              return yield* printJson({
-                schema: result.schema,
-                applied: result.applied,
-                partitions_created: made.created.map((c) => c.name),
-              })
-            if (made.created.length > 0)
-              yield* print(`created partitions ${made.created.map((c) => c.name).join(", ")}`)
+            // No day partitions: those come with retention (the relay's and the inbox's, or
+            // `txbox partitions create`), which drops them again; kept forever, their number would
+            // slow the planning of every claim. Rows go to the default partitions meanwhile.
+            if (json) return yield* printJson({ schema: result.schema, applied: result.applied })
             if (result.applied.length === 0) {
               return yield* print(`schema ${result.schema} is up to date: nothing to apply`)
             }

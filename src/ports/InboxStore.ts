@@ -198,7 +198,12 @@ export interface InboxStoreShape {
   readonly keepPartitions?: (options: {
     readonly aheadMs: number
     readonly everyMs: number
-  }) => Effect.Effect<ReadonlyArray<string>, StoreError>
+    /** Drops the partitions whose range ended, and whose last row was processed, longer ago (the dedupe window). */
+    readonly dropOlderThanMs?: number
+  }) => Effect.Effect<
+    { readonly created: ReadonlyArray<string>; readonly dropped: ReadonlyArray<string> },
+    StoreError
+  >
   /**
    * Calls `onWake` when pending rows of `consumer` may have arrived (store-then-process), until the
    * scope closes. Latency only: a store may wake more often than that, never less.

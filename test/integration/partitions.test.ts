@@ -5,18 +5,27 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import { spawn } from "node:child_process"
 import { fileURLToPath } from "node:url"
-import { Effect } from "effect"
+import { Effect, Layer } from "effect"
 import { type Kysely, sql } from "kysely"
 import * as v from "valibot"
 import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
+import * as Inbox from "../../src/Inbox.ts"
 import * as Outbox from "../../src/Outbox.ts"
+import * as Relay from "../../src/Relay.ts"
 import { migrations } from "../../src/storage/sql/migrations.generated.ts"
 import { migrate } from "../../src/storage/sql/migrator.ts"
 import { DAY_MS, idBound, partitionName } from "../../src/storage/sql/partitionBounds.ts"
 import { dropPartitions, ensurePartitions, listPartitions } from "../../src/storage/sql/partitions.ts"
-import { createTestDatabase, type TestDatabase } from "../support/db.ts"
-import { type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
+import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { amqpUrl, createTestDatabase, type TestDatabase, uniqueName } from "../support/db.ts"
+import {
+  eventually,
+  type MigratedDatabase,
+  migratedDatabase,
+  runtimeOf,
+  storeLayer,
+} from "../support/txbox.ts"
 
 const Ping = defineEvent({ type: "part.ping", version: 1, schema: v.object({ n: v.number() }) })
 const MAIN = fileURLToPath(new URL("../../src/cli/main.ts", import.meta.url))
@@ -283,5 +292,91 @@ describe("partitions", () => {
     const bad = await txbox(["partitions", "create", "--every", "5h", "--url", t.url])
     expect(bad.code).toBe(2)
     expect(bad.stderr).toContain("--every 5h")
+  })
+})
+
+// Day partitions kept forever would grow by one a day, and so would the planning of every claim
+// (docs/operations.md): they come with retention, which drops them again.
+describe("day partitions come with retention", () => {
+  const dayPartitions = async (db: Db, table: "outbox" | "inbox") =>
+    (await Effect.runPromise(listPartitions({ db, schema: "txbox" })))
+      .filter((p) => p.table === table && !p.isDefault)
+      .map((p) => p.name)
+
+  /** Runs `body` with a relay and an inbox of `config`s started on `t`, on RabbitMQ. */
+  const running = async (
+    t: MigratedDatabase,
+    relay: Relay.RelayConfig,
+    inbox: Pick<Inbox.InboxConfig, "retention">,
+    body: () => Promise<void>,
+  ) => {
+    const runtime = runtimeOf(
+      Layer.mergeAll(
+        storeLayer(t.url),
+        Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange: uniqueName("parts") })),
+      ),
+    )
+    try {
+      await runtime.runPromise(
+        Effect.gen(function* () {
+          yield* Inbox.make({
+            consumer: "billing",
+            handlers: [Inbox.handler(Ping, () => Effect.void)],
+            ...inbox,
+          })
+          yield* Relay.make(relay)
+          yield* Effect.promise(body)
+        }).pipe(Effect.scoped),
+      )
+    } finally {
+      await runtime.dispose()
+    }
+  }
+
+  test("a relay and an inbox at their defaults make none: every row stays in the default partition", async () => {
+    const t = await migratedDatabase("partitions_defaults")
+    try {
+      await running(t, { pollInterval: "100 millis" }, {}, async () => {
+        const sent = await t.db
+          .transaction()
+          .execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Ping, { n: 1 })))
+        await eventually("the message handled", async () => (await inboxHomes(t.db, sent.id)).length === 1)
+        expect(await outboxHome(t.db, sent.id)).toBe("txbox.outbox_default")
+        expect(await inboxHomes(t.db, sent.id)).toEqual(["txbox.inbox_default"])
+      })
+      expect(await dayPartitions(t.db, "outbox")).toEqual([])
+      expect(await dayPartitions(t.db, "inbox")).toEqual([])
+    } finally {
+      await t.close()
+    }
+  })
+
+  test("with retention, the relay and the inbox make the next days' and drop the old ones", async () => {
+    const t = await migratedDatabase("partitions_retention")
+    try {
+      const old = Math.floor(Date.now() / DAY_MS) * DAY_MS - 20 * DAY_MS
+      const oldOutbox = await attachDay(t.db, "outbox", old)
+      const oldInbox = await attachDay(t.db, "inbox", old)
+      await storeInbox(t.db, idAt(old + 1000), "processed", "20 days")
+      const retention = { olderThan: "7 days" } as const
+      await running(t, { pollInterval: "100 millis", retention }, { retention }, async () => {
+        await eventually(
+          "the old days dropped and the next days made",
+          async () =>
+            !(await dayPartitions(t.db, "outbox")).includes(oldOutbox) &&
+            !(await dayPartitions(t.db, "inbox")).includes(oldInbox) &&
+            (await dayPartitions(t.db, "outbox")).length >= 3 &&
+            (await dayPartitions(t.db, "inbox")).length >= 3,
+        )
+      })
+      // The next three days' (today's stays with the default partition: the tables are live).
+      const next = [1, 2, 3].map((n) => Math.floor(Date.now() / DAY_MS) * DAY_MS + n * DAY_MS)
+      for (const table of ["outbox", "inbox"] as const)
+        expect(await dayPartitions(t.db, table)).toEqual(
+          expect.arrayContaining(next.map((day) => partitionName(table, day, DAY_MS))),
+        )
+    } finally {
+      await t.close()
+    }
   })
 })

@@ -256,6 +256,8 @@ describe("inbox config", () => {
     ["inbox handlers[1].handle", { handlers: [...handlers, { contract: Note, handle: "run" }] as never }],
     ["inbox handlers[0].dedupeKey", { handlers: [{ ...handlers[0]!, dedupeKey: "id" }] as never }],
     ["inbox afterCommit", { afterCommit: "log" as never }],
+    ["inbox retention.olderThan", { retention: { olderThan: "a while" as never } }],
+    ["inbox retention.olderThan", { retention: { olderThan: 0 } }],
   ]
   for (const [field, config] of bad) {
     test(`a bad ${field} is a ConfigError naming it`, async () => {

@@ -1168,10 +1168,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
     bindings: (consumer, patterns, onOrderedDead = "block") =>
       tryStore("InboxStore.bindings", () => recordBindings(db, consumer, patterns, onOrderedDead)),
     // The trigger's channel (migration 0011), named by the database: its md5 is the one the trigger takes.
-    keepPartitions: ({ aheadMs, everyMs }) =>
-      Effect.map(partitions.ensurePartitions(database, { aheadMs, everyMs, tables: ["inbox"] }), (made) =>
-        made.created.map((c) => c.name),
-      ),
+    keepPartitions: (options) => partitions.keepInboxPartitions(database, options),
     wakeups: (consumer, onWake, onHearing) =>
       Effect.flatMap(
         tryStore("InboxStore.wakeups", async () => {

@@ -388,26 +388,41 @@ const archiveDead = async (
   return Number(moved.numAffectedRows ?? 0)
 }
 
-/** `OutboxStore.keepPartitions`: the outbox's partitions ahead created; given `dropOlderThanMs`, old ones dropped. */
-export const keepOutboxPartitions = (
+/** What the keepers below take: partitions made `aheadMs` ahead, `everyMs` each; given `dropOlderThanMs`, old ones dropped. */
+interface KeepOptions {
+  readonly aheadMs: number
+  readonly everyMs: number
+  readonly dropOlderThanMs?: number
+}
+
+/** What they did: the partitions created and dropped, by name. */
+interface Kept {
+  readonly created: ReadonlyArray<string>
+  readonly dropped: ReadonlyArray<string>
+}
+
+const keepPartitionsOf = (
   db: Tables,
-  options: { readonly aheadMs: number; readonly everyMs: number; readonly dropOlderThanMs?: number },
-): Effect.Effect<
-  { readonly created: ReadonlyArray<string>; readonly dropped: ReadonlyArray<string> },
-  StoreError
-> =>
+  table: QueueTable,
+  options: KeepOptions,
+  dedupeWindowMs: number,
+): Effect.Effect<Kept, StoreError> =>
   Effect.gen(function* () {
-    const made = yield* ensurePartitions(db, { ...options, tables: ["outbox"] })
+    const made = yield* ensurePartitions(db, { ...options, tables: [table] })
     const gone =
       options.dropOlderThanMs === undefined
         ? []
-        : yield* dropPartitions(db, {
-            olderThanMs: options.dropOlderThanMs,
-            dedupeWindowMs: 0,
-            tables: ["outbox"],
-          })
+        : yield* dropPartitions(db, { olderThanMs: options.dropOlderThanMs, dedupeWindowMs, tables: [table] })
     return {
       created: made.created.map((c) => c.name),
       dropped: gone.filter((d) => d.dropped).map((d) => d.name),
     }
   })
+
+/** `OutboxStore.keepPartitions`. */
+export const keepOutboxPartitions = (db: Tables, options: KeepOptions): Effect.Effect<Kept, StoreError> =>
+  keepPartitionsOf(db, "outbox", options, 0)
+
+/** `InboxStore.keepPartitions`: `dropOlderThanMs` is also the dedupe window. */
+export const keepInboxPartitions = (db: Tables, options: KeepOptions): Effect.Effect<Kept, StoreError> =>
+  keepPartitionsOf(db, "inbox", options, options.dropOlderThanMs ?? 0)
