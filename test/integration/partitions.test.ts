@@ -351,6 +351,35 @@ describe("day partitions come with retention", () => {
     }
   })
 
+  test("a creator waits for another one holding the creators' lock, rather than leaving its days to the next pass", async () => {
+    const t = await migratedDatabase("partitions_busy")
+    try {
+      // The lock ensurePartitions takes (partitions.ts: the migrator's namespace, the schema's key),
+      // held by another transaction for 400 ms, as a relay's pass beside an inbox's holds it.
+      let locked!: () => void
+      const lockedNow = new Promise<void>((resolve) => {
+        locked = resolve
+      })
+      const other = t.db.transaction().execute(async (trx) => {
+        await sql`SELECT pg_advisory_xact_lock(${0x7478626f}, hashtext('txbox.partitions'))`.execute(trx)
+        locked()
+        await new Promise((resolve) => setTimeout(resolve, 400))
+      })
+      await lockedNow
+      const made = await Effect.runPromise(
+        ensurePartitions(
+          { db: t.db, schema: "txbox" },
+          { aheadMs: 2 * DAY_MS, everyMs: DAY_MS, tables: ["outbox"] },
+        ),
+      )
+      await other
+      expect(made.created.length).toBeGreaterThanOrEqual(2)
+      expect(await dayPartitions(t.db, "outbox")).toEqual(made.created.map((c) => c.name))
+    } finally {
+      await t.close()
+    }
+  })
+
   test("with retention, the relay and the inbox make the next days' and drop the old ones", async () => {
     const t = await migratedDatabase("partitions_retention")
     try {

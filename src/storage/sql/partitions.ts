@@ -59,6 +59,9 @@ const LOCK_NAMESPACE = 0x7478626f // "txbo", as the migrator's
 const LEAD_MS = 10_000
 /** The longest a create or a drop waits for its lock: what it may stall the statements queued behind it. */
 const LOCK_WAIT = "250ms"
+/** How many times a creator asks for the lock another creator holds, BUSY_WAIT_MS apart. */
+const BUSY_TRIES = 20
+const BUSY_WAIT_MS = 50
 const KEY_COLUMN: Record<QueueTable, string> = { outbox: "id", inbox: "message_id" }
 const KEY_TYPE: Record<QueueTable, string> = { outbox: "uuid", inbox: "text" }
 
@@ -237,7 +240,13 @@ export const ensurePartitions = (
       )
       for (const range of ranges) {
         const name = partitionName(table, range.fromMs, options.everyMs)
-        const outcome = yield* createPartition(db, table, name, range)
+        let outcome = yield* createPartition(db, table, name, range)
+        // Another creator (the relay's pass beside an inbox's) holds the lock for a few statements:
+        // wait for it rather than leave the range to the next hourly pass.
+        for (let tries = 1; outcome === "busy" && tries < BUSY_TRIES; tries++) {
+          yield* Effect.sleep(BUSY_WAIT_MS)
+          outcome = yield* createPartition(db, table, name, range)
+        }
         if (outcome === "created") created.push({ table, name })
         else if (outcome === "taken")
           skipped.push({ table, name, reason: "rows of this range are already in the default partition" })
