@@ -45,14 +45,20 @@ const slowTransaction = (db: Kysely<unknown>, ms: number) => {
   return { holding, done }
 }
 
+/** A Kysely on PostgresJsDialect over a pool of 2, with an empty `ledger` table. */
+const ledgerDb = async (url: string): Promise<Kysely<unknown>> => {
+  const db = new Kysely<unknown>({
+    dialect: new PostgresJsDialect({ postgres: postgres(url, { max: 2, onnotice: () => {} }) }),
+  })
+  await sql`CREATE TABLE ledger (n int)`.execute(db)
+  return db
+}
+
 describe("PostgresJsDialect: destroy while a transaction holds a connection", () => {
   test("the transaction finishes and commits, then the pool ends; nothing new starts meanwhile", async () => {
     const t = await createTestDatabase("pgjs_destroy_busy")
     try {
-      const db = new Kysely<unknown>({
-        dialect: new PostgresJsDialect({ postgres: postgres(t.url, { max: 2, onnotice: () => {} }) }),
-      })
-      await sql`CREATE TABLE ledger (n int)`.execute(db)
+      const db = await ledgerDb(t.url)
       const busy = slowTransaction(db, 300)
       await busy.holding
       const destroyed = settles(db.destroy())
@@ -74,10 +80,7 @@ describe("PostgresJsDialect: destroy while a transaction holds a connection", ()
   test("a transaction that never hands its connection back holds the destroy up for a bounded time only", async () => {
     const t = await createTestDatabase("pgjs_destroy_stuck")
     try {
-      const db = new Kysely<unknown>({
-        dialect: new PostgresJsDialect({ postgres: postgres(t.url, { max: 2, onnotice: () => {} }) }),
-      })
-      await sql`CREATE TABLE ledger (n int)`.execute(db)
+      const db = await ledgerDb(t.url)
       const connection = db.connection()
       let holding!: () => void
       const held = new Promise<void>((resolve) => {
