@@ -91,8 +91,8 @@ export interface InboxConfig {
    * (dead rows go to `inbox_archive` first). `olderThan` is the dedupe window:
    * a copy of a message redelivered after its partition went is applied again,
    * so it must cover the broker's longest redelivery. The partitions are shared
-   * by every consumer of the database: the longest window among them (or
-   * `txbox partitions drop --dedupe-window`) is the one that holds. Without it
+   * by every consumer of the database: the shortest window among their inboxes
+   * is the one that holds, so give each the same one. Without it
    * no day partition is made (rows stay in the default partition) and none is
    * dropped. @default off
    */
