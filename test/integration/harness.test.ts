@@ -3,8 +3,10 @@
 import { afterAll, describe, expect, test } from "bun:test"
 import amqp from "amqplib"
 import postgres from "postgres"
+import { restartBroker } from "../soak/soak.ts"
 import { amqpUrl, createTestDatabase, uniqueName } from "../support/db.ts"
 import { type LocalPostgres, startLocalPostgres } from "../support/postgres.ts"
+import { type Ctl, type LocalRabbit, startLocalRabbit } from "../support/rabbitmq.ts"
 
 describe("test harness", () => {
   test("a test database of its own answers on PostgreSQL", async () => {
@@ -70,4 +72,37 @@ describe("local PostgreSQL", () => {
     // A new start time proves the server really went down and came back.
     expect(after).not.toBe(before)
   })
+})
+
+describe("soak's broker restart", () => {
+  let rabbit: LocalRabbit | undefined
+  afterAll(async () => {
+    await rabbit?.stop()
+  }, 60_000)
+
+  // CI's failure: stop_app outlived rabbitmqctl's timeout, the broker stopped anyway, and nothing
+  // started it again, so the drain waited on a broker that never came back.
+  test("a stop_app that fails on our side after stopping the broker still ends with the broker up", async () => {
+    rabbit = await startLocalRabbit()
+    const ctl: Ctl = async (args, timeoutMs) => {
+      const out = await rabbit!.ctl(args, timeoutMs)
+      if (args[0] === "stop_app") throw new Error("rabbitmqctl stop_app: timed out after 60000 ms")
+      return out
+    }
+    await expect(restartBroker(ctl, "RabbitMQ", 100)).rejects.toThrow(
+      /stop_app failed after \d+ ms \(started again\): rabbitmqctl stop_app: timed out/,
+    )
+    const connection = await amqp.connect(rabbit.url)
+    await connection.close()
+  }, 120_000)
+
+  test("a clean restart reports its stop and its down time", async () => {
+    rabbit ??= await startLocalRabbit()
+    const notes: string[] = []
+    const done = await restartBroker(rabbit.ctl, "RabbitMQ", 200, undefined, (n) => notes.push(n))
+    expect(done).toMatch(/^RabbitMQ stop_app \(done after \d+ ms\), down 200 ms, start_app$/)
+    expect(notes).toEqual(["RabbitMQ stopped (stop_app); starting it again in 200 ms"])
+    const connection = await amqp.connect(rabbit.url)
+    await connection.close()
+  }, 120_000)
 })

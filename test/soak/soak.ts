@@ -55,7 +55,7 @@ import { dropPartitions, ensurePartitions } from "../../src/storage/sql/partitio
 import { type LocalPostgres, startLocalPostgres } from "../support/postgres.ts"
 import { isAlive, signal as sendSignal, startWatchdog, type Watchdog } from "../support/proc.ts"
 import { type ClusterNode, type RabbitCluster, startRabbitCluster } from "../support/rabbitCluster.ts"
-import { type LocalRabbit, startLocalRabbit } from "../support/rabbitmq.ts"
+import { type Ctl, type LocalRabbit, startLocalRabbit } from "../support/rabbitmq.ts"
 import { OrderPaid, OrderPlaced } from "./contract.ts"
 import {
   type ConsumerCounts,
@@ -440,6 +440,52 @@ interface Resolved {
   readonly relayWorkers: number | undefined
   readonly drainTimeoutMs: number
   readonly lostAckFraction: number
+}
+
+/**
+ * Stops a broker (`rabbitmqctl stop_app`: listeners closed, every connection closed, connections
+ * refused, while the Erlang VM stays up for rabbitmqctl; a quorum queue's data stays on disk) and
+ * starts it again `downMs` later. Resolves with what was done; throws when the stop failed.
+ *
+ * Whatever stop_app did, start_app follows: on a loaded 2-core machine stop_app took over 60 s,
+ * and one that timed out on our side still finished in the broker, which then stayed down, held
+ * the drain back and failed the run for the harness's sake. start_app on a running broker does
+ * nothing.
+ */
+export async function restartBroker(
+  ctl: Ctl,
+  what: string,
+  downMs: number,
+  signal?: AbortSignal,
+  note: (text: string) => void = () => {},
+): Promise<string> {
+  const began = Date.now()
+  let stopFailure: unknown
+  try {
+    await ctl(["stop_app"], 180_000)
+  } catch (error) {
+    stopFailure = error
+  }
+  const stoppedAfter = Date.now() - began
+  if (stopFailure === undefined) {
+    note(`${what} stopped (stop_app); starting it again in ${downMs} ms`)
+    await sleep(downMs, signal)
+  }
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await ctl(["start_app"], 120_000)
+      break
+    } catch (error) {
+      if (attempt >= 3) throw new Error(`${what} did not start again: ${message(error)}`)
+      await sleep(2000, signal)
+    }
+  }
+  if (stopFailure !== undefined) {
+    throw new Error(
+      `${what}: stop_app failed after ${stoppedAfter} ms (started again): ${message(stopFailure)}`,
+    )
+  }
+  return `${what} stop_app (done after ${stoppedAfter} ms), down ${downMs} ms, start_app`
 }
 
 /** One run: its children, its faults, its record. */
@@ -837,32 +883,11 @@ class Run {
   }
 
   /** `what`: the broker, or the cluster node, whose `ctl` it is. */
-  private async rabbitRestart(
-    ctl: (args: readonly string[]) => Promise<string>,
-    what: string,
-  ): Promise<void> {
-    // stop_app stops the broker itself (listeners closed, every connection closed, connections
-    // refused) while the Erlang VM stays up for rabbitmqctl; the quorum queue's data stays on disk.
+  private async rabbitRestart(ctl: Ctl, what: string): Promise<void> {
     const began = Date.now()
-    await ctl(["stop_app"])
-    const stoppedAfter = Date.now() - began
     const downMs = Math.round(2000 + this.random() * 4000)
-    this.record("note", `${what} stopped (stop_app); starting it again in ${downMs} ms`)
-    await sleep(downMs, this.signal)
-    for (let attempt = 1; ; attempt++) {
-      try {
-        await ctl(["start_app"])
-        break
-      } catch (error) {
-        if (attempt >= 3) throw new Error(`${what} did not start again: ${message(error)}`)
-        await sleep(2000, this.signal)
-      }
-    }
-    this.fault(
-      "rabbitRestart",
-      `${what} stop_app (done after ${stoppedAfter} ms), down ${downMs} ms, start_app (up at +${this.seconds}s)`,
-      began,
-    )
+    const done = await restartBroker(ctl, what, downMs, this.signal, (note) => this.record("note", note))
+    this.fault("rabbitRestart", `${done} (up at +${this.seconds}s)`, began)
   }
 
   /**
@@ -932,7 +957,7 @@ class Run {
           await this.rabbitRestart(node.ctl, `RabbitMQ node ${node.index} (port ${node.port})`)
           return cluster.awaitRunning(cluster.nodes.length, 60_000)
         }
-        return this.rabbitRestart((args) => rabbit!.ctl(args), "RabbitMQ")
+        return this.rabbitRestart((args, timeoutMs) => rabbit!.ctl(args, timeoutMs), "RabbitMQ")
       case "rabbitNodeKill":
         return this.rabbitNodeKill(cluster!)
       case "pgRestart": {

@@ -40,8 +40,8 @@ export interface LocalRabbit {
   readonly node: string
   /** Temp dir: HOME (with the cookie), mnesia, logs, pid file; removed by `stop`. */
   readonly dir: string
-  /** Runs `rabbitmqctl -n NODE ...args` as the broker's user with its environment; resolves with stdout. */
-  ctl(args: readonly string[]): Promise<string>
+  /** Runs `rabbitmqctl -n NODE ...args` as the broker's user with its environment; resolves with stdout. @default timeoutMs 60 s */
+  ctl(args: readonly string[], timeoutMs?: number): Promise<string>
   /** Closes every client connection on vhost `/`, as a broker-side fault. */
   closeAllConnections(reason?: string): Promise<void>
   /** `rabbitmqctl stop`, then stops the private epmd and removes the dir. Safe to call twice. */
@@ -304,7 +304,7 @@ async function attemptStart(bin: RabbitBinaries, user: UserIds | undefined): Pro
     port,
     node,
     dir,
-    ctl: (args) => ctl(args),
+    ctl: (args, timeoutMs) => ctl(args, timeoutMs),
     closeAllConnections: async (reason = "test") => {
       await ctl(["close_all_connections", "-p", "/", reason])
     },
