@@ -27,7 +27,7 @@ import {
 import { makeSignal, subscribeWakeups } from "./core/signal.ts"
 import { uuidv7 } from "./core/uuid.ts"
 import type { ConfigError } from "./Errors.ts"
-import { OutboxStore } from "./ports/OutboxStore.ts"
+import { type OutboxShard, OutboxStore } from "./ports/OutboxStore.ts"
 import { Transport } from "./ports/Transport.ts"
 import { makeRetryPolicy, type RetryPolicy } from "./Retry.ts"
 
@@ -39,8 +39,18 @@ export interface RelayConfig {
   readonly workers?: number
   /** How long a claim holds its rows; a relay that dies releases them after this. Keep it well above the publish timeout. @default "30 seconds" */
   readonly lease?: Duration.Input
-  /** Fallback poll when no NOTIFY arrives. @default "1 second" */
+  /** Fallback poll when no NOTIFY arrives. @default "1 second"; "100 millis" with `shard` */
   readonly pollInterval?: Duration.Input
+  /**
+   * This relay's share of the outbox; without it, every row. `{ tenants }`: the rows enqueued for
+   * those tenants (on their own index: another tenant's backlog or poison never delays them).
+   * `{ of, index }`: share `index` of `of`, by a stable hash of the partition key (the id for a
+   * message without one), so a key is always in one share. Shares and relays without one may run
+   * side by side; a row in no running relay's share waits for one. Producers skip their wake-up
+   * while any relay published in the last 100 ms, so a sharded relay polls every 100 ms by default.
+   * @default every row
+   */
+  readonly shard?: OutboxShard
   /** Per-message retries, persisted in `visible_at`. @default defaultRetryPolicy */
   readonly retry?: Partial<RetryPolicy>
   /** Backoff of the whole loop while the database or broker is unreachable. @default 100 ms doubling to 10 s, jittered */
@@ -131,6 +141,47 @@ export interface ResolvedRelayConfig extends RelaySettings {
     | undefined
 }
 
+/** The most tenants one relay's share may name: each is a key the claim's index is probed for. */
+const MAX_SHARD_TENANTS = 1000
+
+/** `RelayConfig.shard` checked, as a copy a caller's later change cannot reach. */
+const resolveShard = (shard: OutboxShard | undefined): OutboxShard | undefined => {
+  if (shard === undefined) return undefined
+  config.check(
+    typeof shard === "object" && shard !== null,
+    "relay shard",
+    "must be { tenants } or { of, index }",
+    shard,
+  )
+  if ("tenants" in shard) {
+    const { tenants } = shard
+    config.check(
+      Array.isArray(tenants) && tenants.length >= 1 && tenants.length <= MAX_SHARD_TENANTS,
+      "relay shard.tenants",
+      `must be an array of 1..${MAX_SHARD_TENANTS} tenant ids`,
+      tenants,
+    )
+    for (const tenant of tenants) {
+      config.check(
+        typeof tenant === "string" && tenant.length > 0 && !tenant.includes("\0"),
+        "relay shard.tenants",
+        "must hold non-empty strings without NUL",
+        tenant,
+      )
+    }
+    return Object.freeze({ tenants: Object.freeze([...new Set(tenants)]) })
+  }
+  const of = config.integer("relay shard.of", (shard as { of?: number }).of, Number.NaN, 1, 1024)
+  const index = config.integer(
+    "relay shard.index",
+    (shard as { index?: number }).index,
+    Number.NaN,
+    0,
+    of - 1,
+  )
+  return Object.freeze({ of, index })
+}
+
 /** Validates every option once; a bad one is a `ConfigError` naming it. */
 export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig, ConfigError> =>
   config.validateConfig(() => {
@@ -145,7 +196,13 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
       batchSize: config.integer("relay batchSize", c.batchSize, 1000, 1, 50_000),
       workers: config.integer("relay workers", c.workers, 1, 1, 64),
       leaseMs,
-      pollMs: config.millis("relay pollInterval", c.pollInterval, "1 second", { minMs: 1 }),
+      pollMs: config.millis(
+        "relay pollInterval",
+        c.pollInterval,
+        c.shard === undefined ? "1 second" : "100 millis",
+        { minMs: 1 },
+      ),
+      shard: resolveShard(c.shard),
       statementTimeoutMs: Math.min(leaseMs / 4, 10_000),
       retry: makeRetryPolicy(c.retry, "relay retry"),
       outage: makeRetryPolicy(
@@ -213,7 +270,8 @@ export const make = (
       hotMs: HOT_MS,
       fewRows: FEW_ROWS,
       warmMs: WARM_MS,
-      covered: () => cover.covered,
+      // Another relay's publishes say nothing of a share's rows: a sharded relay is never covered.
+      ...(c.shard === undefined ? { covered: () => cover.covered } : {}),
       // A row due by time (a delay, a retry's backoff, a dead relay's lease) wakes nobody: with a
       // poll interval over a second, a wait ends when the next pending row is due.
       ...(store.nextDueMs === undefined

@@ -57,6 +57,7 @@ export {
   type OutboxClaim,
   type OutboxMark,
   type OutboxMessage,
+  type OutboxShard,
   OutboxStore,
   type OutboxStoreShape,
 } from "./ports/OutboxStore.ts"

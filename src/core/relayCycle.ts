@@ -9,7 +9,13 @@
 import { Effect, Metric } from "effect"
 import { type StoreError, TransportError } from "../Errors.ts"
 import * as Metrics from "../Metrics.ts"
-import type { OutboxClaim, OutboxMark, OutboxMessage, OutboxStoreShape } from "../ports/OutboxStore.ts"
+import type {
+  OutboxClaim,
+  OutboxMark,
+  OutboxMessage,
+  OutboxShard,
+  OutboxStoreShape,
+} from "../ports/OutboxStore.ts"
 import type { OutgoingMessage, PublishOutcome, TransportShape } from "../ports/Transport.ts"
 import { type RetryPolicy, schedule } from "../Retry.ts"
 import { bounded } from "./bounded.ts"
@@ -27,6 +33,8 @@ export interface RelaySettings {
   readonly statementTimeoutMs: number
   readonly retry: RetryPolicy
   readonly outage: RetryPolicy
+  /** The relay's share of the outbox; undefined: every row. */
+  readonly shard?: OutboxShard | undefined
 }
 
 export interface RelayCounters {
@@ -108,7 +116,7 @@ export const relayCycle = (
   cover: LookCover = { covered: false },
 ): Effect.Effect<number, StoreError | TransportError> => {
   // Asked for anew each cycle: a store may decide (or mint a token) when called, not when run.
-  const claim = Effect.suspend(() => store.claim(s.batchSize, s.leaseMs)).pipe(
+  const claim = Effect.suspend(() => store.claim(s.batchSize, s.leaseMs, s.shard)).pipe(
     bounded("Relay.claim", s.statementTimeoutMs),
     spanned("Relay.claim"),
   )

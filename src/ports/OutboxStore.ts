@@ -57,15 +57,28 @@ export interface OutboxClaim extends Claim<OutboxMessage> {
   readonly lastPublished?: { readonly agoMs: number; readonly by: "self" | "before" | "after" } | null
 }
 
+/**
+ * A relay's share of the outbox (`RelayConfig.shard`): the rows of some tenants, or one of `of`
+ * shares by a stable hash of the partition key (the id for a message without one), so that one
+ * key is always in one share.
+ */
+export type OutboxShard =
+  | { readonly tenants: ReadonlyArray<string> }
+  | { readonly of: number; readonly index: number }
+
 /** What the `OutboxStore` service does: claim due messages under a lease, settle them, and measure the backlog. */
 export interface OutboxStoreShape {
   /**
    * Claims up to `limit` due pending messages (oldest due first) and holds them
    * for `leaseMs`: other claimers skip them meanwhile, and when the lease runs
    * out unsettled they come due again. Interrupting the claim hands back
-   * whatever it took.
+   * whatever it took. With `shard`, only rows in that share.
    */
-  readonly claim: (limit: number, leaseMs: number) => Effect.Effect<OutboxClaim, StoreError>
+  readonly claim: (
+    limit: number,
+    leaseMs: number,
+    shard?: OutboxShard,
+  ) => Effect.Effect<OutboxClaim, StoreError>
   /**
    * Records verdicts in one write: `Done` → sent; `Retry` → pending again after
    * its delay (one attempt more only if it `spendsAttempt`); `Dead` → dead, one

@@ -3,8 +3,6 @@
 // drops refused while a partition holds pending or dead rows or is inside the dedupe window.
 // Counted from the tables and the catalog, never from what the code under test reports.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
-import { spawn } from "node:child_process"
-import { fileURLToPath } from "node:url"
 import { Effect, Layer } from "effect"
 import { type Kysely, sql } from "kysely"
 import * as v from "valibot"
@@ -18,6 +16,7 @@ import { migrate } from "../../src/storage/sql/migrator.ts"
 import { DAY_MS, idBound, partitionName } from "../../src/storage/sql/partitionBounds.ts"
 import { dropPartitions, ensurePartitions, listPartitions } from "../../src/storage/sql/partitions.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
+import { runTxbox } from "../support/cli.ts"
 import { amqpUrl, createTestDatabase, type TestDatabase, uniqueName } from "../support/db.ts"
 import {
   eventually,
@@ -28,7 +27,6 @@ import {
 } from "../support/txbox.ts"
 
 const Ping = defineEvent({ type: "part.ping", version: 1, schema: v.object({ n: v.number() }) })
-const MAIN = fileURLToPath(new URL("../../src/cli/main.ts", import.meta.url))
 
 // biome-ignore lint/suspicious/noExplicitAny: test database
 type Db = Kysely<any>
@@ -77,18 +75,7 @@ const storeInbox = (
               CASE WHEN ${status} = 'processed' THEN now() - ${processedAgo}::interval END)
       ON CONFLICT (message_id, consumer) DO NOTHING`.execute(db)
 
-const txbox = (
-  args: ReadonlyArray<string>,
-): Promise<{ code: number | null; stdout: string; stderr: string }> =>
-  new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [MAIN, ...args], { stdio: ["ignore", "pipe", "pipe"] })
-    let stdout = ""
-    let stderr = ""
-    child.stdout.on("data", (d) => (stdout += d))
-    child.stderr.on("data", (d) => (stderr += d))
-    child.on("error", reject)
-    child.on("close", (code) => resolve({ code, stdout, stderr }))
-  })
+const txbox = (args: ReadonlyArray<string>) => runTxbox(args)
 
 describe("migration 0015 from the plain tables", () => {
   let t: TestDatabase
@@ -116,7 +103,7 @@ describe("migration 0015 from the plain tables", () => {
     await storeInbox(db, written[1]!.id, "pending")
 
     const result = await Effect.runPromise(migrate(db))
-    expect(result.applied.map((m) => m.version)).toEqual([15, 16, 17])
+    expect(result.applied.map((m) => m.version)).toEqual([15, 16, 17, 18])
     const counts = await sql<{ status: string; n: string }>`
       SELECT status, count(*)::text AS n FROM txbox.outbox GROUP BY status ORDER BY status`.execute(db)
     expect(counts.rows).toEqual([

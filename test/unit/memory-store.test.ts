@@ -7,7 +7,7 @@ import { TestClock } from "effect/testing"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import { StoreError } from "../../src/Errors.ts"
 import { InboxStore, type InboxTransaction } from "../../src/ports/InboxStore.ts"
-import { OutboxStore } from "../../src/ports/OutboxStore.ts"
+import { OutboxStore, type OutboxStoreShape } from "../../src/ports/OutboxStore.ts"
 import * as MemoryInboxStore from "../../src/storage/memory/MemoryInboxStore.ts"
 import * as MemoryOutboxStore from "../../src/storage/memory/MemoryOutboxStore.ts"
 import {
@@ -138,6 +138,39 @@ describe("MemoryOutboxStore", () => {
     )
     expect(Exit.isFailure(exit) && Cause.squash(exit.cause)).toMatchObject({ reason: "constraint" })
     expect(handle.rows()).toHaveLength(1)
+    await runtime.dispose()
+  })
+
+  test("a sharded claim takes its share only: its tenants, or its hash share, each row in one share", async () => {
+    const { handle, runtime } = await memoryOutbox()
+    const rows = Array.from({ length: 90 }, (_, i) => ({
+      id: uuidv7(),
+      type: "t",
+      tenantId: i % 3 === 0 ? null : i % 3 === 1 ? "acme" : "globex",
+      partitionKey: i % 2 === 0 ? `key-${i % 10}` : null,
+    }))
+    await runtime.runPromise(handle.enqueue(rows))
+    const claim = (shard: Parameters<OutboxStoreShape["claim"]>[2]) =>
+      runtime.runPromise(OutboxStore.use((s) => s.claim(1000, 60_000, shard))).then((c) => c.rows)
+    const acme = await claim({ tenants: ["acme"] })
+    expect(acme).toHaveLength(30)
+    expect(acme.every((r) => r.tenantId === "acme")).toBe(true)
+    await runtime.runPromise(OutboxStore.use((s) => s.release(handle.rows()[1]!.lockToken!)))
+    const shares = [
+      await claim({ of: 3, index: 0 }),
+      await claim({ of: 3, index: 1 }),
+      await claim({ of: 3, index: 2 }),
+    ]
+    expect(shares.reduce((n, share) => n + share.length, 0)).toBe(90)
+    expect(shares.every((share) => share.length > 0)).toBe(true)
+    // A key is in one share.
+    const shareOfKey = new Map<string, Set<number>>()
+    shares.forEach((share, i) => {
+      for (const r of share)
+        if (r.partitionKey)
+          shareOfKey.set(r.partitionKey, (shareOfKey.get(r.partitionKey) ?? new Set()).add(i))
+    })
+    expect([...shareOfKey.values()].every((s) => s.size === 1)).toBe(true)
     await runtime.dispose()
   })
 

@@ -406,6 +406,16 @@ describe("relay config", () => {
     ["relay retention.olderThan", { retention: { olderThan: "a while" as never } }],
     ["relay retention.every", { retention: { olderThan: "1 day", every: -5 } }],
     ["relay retention.batchSize", { retention: { olderThan: "1 day", batchSize: 0 } }],
+    ["relay shard", { shard: null as never }],
+    ["relay shard.tenants", { shard: { tenants: [] } }],
+    ["relay shard.tenants", { shard: { tenants: "acme" as never } }],
+    ["relay shard.tenants", { shard: { tenants: ["acme", ""] } }],
+    ["relay shard.tenants", { shard: { tenants: [7 as never] } }],
+    ["relay shard.of", { shard: { of: 0, index: 0 } }],
+    ["relay shard.of", { shard: { of: 2.5, index: 0 } }],
+    ["relay shard.of", { shard: { index: 0 } as never }],
+    ["relay shard.index", { shard: { of: 3, index: 3 } }],
+    ["relay shard.index", { shard: { of: 3, index: -1 } }],
   ]
   for (const [field, config] of bad) {
     test(`a bad ${field} is a ConfigError naming it: ${JSON.stringify(config)}`, async () => {
@@ -418,6 +428,19 @@ describe("relay config", () => {
       expect(failure?.message).toContain(field)
     })
   }
+
+  test("a shard is copied (a later change to the caller's array reaches nothing) and polls every 100 ms unless told", async () => {
+    const tenants = ["acme", "globex", "acme"]
+    const c = await Effect.runPromise(Relay.resolveConfig({ shard: { tenants } }))
+    tenants.push("initech")
+    expect(c.shard).toEqual({ tenants: ["acme", "globex"] })
+    expect(c.pollMs).toBe(100)
+    expect((await Effect.runPromise(Relay.resolveConfig({}))).pollMs).toBe(1000)
+    const hashed = await Effect.runPromise(
+      Relay.resolveConfig({ shard: { of: 4, index: 3 }, pollInterval: "2 seconds" }),
+    )
+    expect([hashed.shard, hashed.pollMs]).toEqual([{ of: 4, index: 3 }, 2000])
+  })
 
   test("the layer fails with the ConfigError, so catchTag('ConfigError') catches it", async () => {
     const outbox = await Effect.runPromise(MemoryOutboxStore.make())

@@ -19,6 +19,7 @@ import type { Claim } from "../../ports/lease.ts"
 import {
   type OutboxMark,
   type OutboxMessage,
+  type OutboxShard,
   OutboxStore,
   type OutboxStoreShape,
 } from "../../ports/OutboxStore.ts"
@@ -130,12 +131,26 @@ const op = <A>(state: State, operation: string, f: (now: number) => A): Effect.E
     ),
   )
 
-const claim = (state: State) => (limit: number, leaseMs: number) =>
+/** FNV-1a, 32 bits: a stable hash for the memory store's hash shares (PostgreSQL's is `hashtext`). */
+const hash32 = (text: string): number => {
+  let h = 0x811c9dc5
+  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193)
+  return h >>> 0
+}
+
+/** Whether `row` is in `shard` (every row without one). */
+const inShard = (row: Row, shard: OutboxShard | undefined): boolean => {
+  if (shard === undefined) return true
+  if ("tenants" in shard) return row.tenantId !== null && shard.tenants.includes(row.tenantId)
+  return hash32(row.partitionKey ?? row.id) % shard.of === shard.index
+}
+
+const claim = (state: State) => (limit: number, leaseMs: number, shard?: OutboxShard) =>
   op(state, "OutboxStore.claim", (now): Claim<OutboxMessage> => {
     const token = uuidv7()
     // An expired lease needs no special case: its row is pending with visibleAt <= now again.
     const due = [...state.table.values()]
-      .filter((r) => r.status === "pending" && r.visibleAt <= now)
+      .filter((r) => r.status === "pending" && r.visibleAt <= now && inShard(r, shard))
       .sort(byDue)
       .slice(0, Math.max(0, limit))
     for (const row of due) {

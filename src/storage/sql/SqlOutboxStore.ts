@@ -32,6 +32,7 @@ import {
   type OutboxClaim,
   type OutboxMark,
   type OutboxMessage,
+  type OutboxShard,
   OutboxStore,
   type OutboxStoreShape,
 } from "../../ports/OutboxStore.ts"
@@ -43,6 +44,7 @@ import { makeHeldClaims } from "./heldClaims.ts"
 import * as opsSql from "./operations.ts"
 import * as partitions from "./partitions.ts"
 import { prepare } from "./prepared.ts"
+import { inShard, type ShardParams, shardBinder } from "./shard.ts"
 
 /** A claimed row as the database returns it. */
 export interface ClaimedRow {
@@ -149,7 +151,14 @@ export const claimQuery = (
     token,
     leaseMs,
     sinceMs,
-  }: { readonly limit: number; readonly token: string; readonly leaseMs: number; readonly sinceMs: number },
+    shard,
+  }: {
+    readonly limit: number
+    readonly token: string
+    readonly leaseMs: number
+    readonly sinceMs: number
+    readonly shard?: ShardParams | undefined
+  },
 ): CompiledQuery<ClaimAnswer> =>
   db
     .with("due", (qb) =>
@@ -160,6 +169,7 @@ export const claimQuery = (
         .where("visible_at", "<=", now)
         // claimWindow.ts: how far back this claim looks.
         .where("visible_at", ">=", nowMinusMs(sinceMs))
+        .$if(shard !== undefined, (qb) => qb.where(inShard(shard, "")))
         .orderBy("visible_at")
         .limit(limit)
         .forUpdate()
@@ -249,7 +259,17 @@ export const markQuery = (
  */
 export const claimHeldQuery = (
   db: Kysely<TxboxDatabase>,
-  { limit, idleMs, sinceMs }: { readonly limit: number; readonly idleMs: string; readonly sinceMs: number },
+  {
+    limit,
+    idleMs,
+    sinceMs,
+    shard,
+  }: {
+    readonly limit: number
+    readonly idleMs: string
+    readonly sinceMs: number
+    readonly shard?: ShardParams | undefined
+  },
 ): CompiledQuery<ClaimedRow> =>
   db
     .selectFrom([
@@ -264,6 +284,7 @@ export const claimHeldQuery = (
     .where("o.visible_at", "<=", now)
     // claimWindow.ts: how far back this claim looks.
     .where("o.visible_at", ">=", nowMinusMs(sinceMs))
+    .$if(shard !== undefined, (qb) => qb.where(inShard(shard, "o.")))
     .orderBy("o.visible_at")
     .limit(limit)
     .forUpdate("o")
@@ -422,14 +443,51 @@ export interface OutboxStatements {
   readonly lastPublished: CompiledQuery<LastPublishedColumns>
 }
 
+/**
+ * A claim compiled once per kind of shard (none, a tenant, tenants, a hash share): each is its own text, and
+ * a call binds its parameters to the one it needs.
+ */
+const prepareSharded = <P extends Readonly<Record<string, unknown>>, R>(
+  db: Kysely<TxboxDatabase>,
+  compile: (
+    db: Kysely<TxboxDatabase>,
+    params: P & { readonly shard?: ShardParams | undefined },
+  ) => CompiledQuery<R>,
+  placeholders: P,
+): ((params: P & { readonly shard?: ShardParams | undefined }) => CompiledQuery<R>) => {
+  const all = prepare(db, compile, placeholders)
+  const tenant = prepare(
+    db,
+    (db, p: P & { readonly tenant: string }) => compile(db, { ...p, shard: { tenant: p.tenant } }),
+    { ...placeholders, tenant: "\0tenant" },
+  )
+  const tenants = prepare(
+    db,
+    (db, p: P & { readonly tenants: string }) => compile(db, { ...p, shard: { tenants: p.tenants } }),
+    { ...placeholders, tenants: "\0tenants" },
+  )
+  const hash = prepare(
+    db,
+    (db, p: P & { readonly of: number; readonly index: number }) =>
+      compile(db, { ...p, shard: { of: p.of, index: p.index } }),
+    { ...placeholders, of: -101, index: -102 },
+  )
+  return (params) => {
+    const { shard } = params
+    if (shard === undefined) return all(params)
+    if ("tenant" in shard) return tenant({ ...params, ...shard })
+    return "tenants" in shard ? tenants({ ...params, ...shard }) : hash({ ...params, ...shard })
+  }
+}
+
 /** Compiles every statement once for `db` (bound to txbox's schema). */
 export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
   const lag = lagQuery(db)
   const nextDue = nextDueQuery(db)
   return {
-    claim: prepare(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2, sinceMs: -3 }),
+    claim: prepareSharded(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2, sinceMs: -3 }),
     mark: prepare(db, markQuery, { token: "\0token", verdicts: "\0verdicts" }),
-    claimHeld: prepare(db, claimHeldQuery, { limit: -1, idleMs: "\0idleMs", sinceMs: -3 }),
+    claimHeld: prepareSharded(db, claimHeldQuery, { limit: -1, idleMs: "\0idleMs", sinceMs: -3 }),
     markHeld: prepare(db, (db, p: { verdicts: string }) => markQuery(db, { ...p, token: null }), {
       verdicts: "\0verdicts",
     }),
@@ -562,13 +620,19 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
 
   // This store's rank among the relays (tokenOf): random, fixed for its life.
   const rank = uuidv7().slice(-8)
-  const claimLeased = (token: string, limit: number, leaseMs: number, sinceMs: number) =>
-    db.executeQuery(q.claim({ limit, token, leaseMs, sinceMs })).then((r) => claimedAnswer(r, rank))
+  const claimLeased = (token: string, limit: number, leaseMs: number, sinceMs: number, shard?: ShardParams) =>
+    db.executeQuery(q.claim({ limit, token, leaseMs, sinceMs, shard })).then((r) => claimedAnswer(r, rank))
   const window = makeClaimWindow()
 
   // No generator (Effect.fnUntraced): once per cycle, and JavaScriptCore kept recompiling its body
   // for as long as the relay ran (core/inboxConsumer.ts says more).
-  const claim = (limit: number, leaseMs: number): Effect.Effect<OutboxClaim, StoreError> => {
+  const bindShard = shardBinder()
+  const claim = (
+    limit: number,
+    leaseMs: number,
+    shard?: OutboxShard,
+  ): Effect.Effect<OutboxClaim, StoreError> => {
+    const bound = bindShard(shard)
     const token = tokenOf(rank)
     const startedMs = Date.now()
     const sinceMs = window.next(startedMs)
@@ -577,8 +641,8 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
         "OutboxStore.claim",
         (): Promise<{ rows: ReadonlyArray<ClaimedRow>; lastPublished?: OutboxClaim["lastPublished"] }> =>
           (database.holdsClaims === true
-            ? held.claim(token, limit, leaseMs, sinceMs).then((answer) => heldAnswer(answer, rank))
-            : claimLeased(token, limit, leaseMs, sinceMs)
+            ? held.claim(token, limit, leaseMs, sinceMs, bound).then((answer) => heldAnswer(answer, rank))
+            : claimLeased(token, limit, leaseMs, sinceMs, bound)
           ).then((answer) => {
             window.record(sinceMs, startedMs, Date.now() - startedMs, answer.rows.length, limit)
             return answer

@@ -18,6 +18,7 @@ import type { DatabaseSession } from "../../ports/Database.ts"
 import type { OutboxMark } from "../../ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
 import { affected } from "./fragments.ts"
+import type { ShardParams } from "./shard.ts"
 
 /** The statements a held claim runs (SqlOutboxStore.ts's), and how it writes verdicts out. */
 export interface HeldStatements<Row> {
@@ -26,6 +27,8 @@ export interface HeldStatements<Row> {
     readonly idleMs: string
     /** How far back the claim looks (claimWindow.ts). */
     readonly sinceMs: number
+    /** The relay's share of the outbox; undefined: every row. */
+    readonly shard?: ShardParams | undefined
   }) => CompiledQuery<Row>
   readonly markHeld: (params: { readonly verdicts: string }) => CompiledQuery
   readonly markHeldSent: (params: { readonly ids: string; readonly token: string }) => CompiledQuery
@@ -211,9 +214,20 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
    * Up to `limit` due rows, held for `token` until its mark or release; none: nothing left open.
    * With them, the rows of `afterClaim` when it ran.
    */
-  const claim = async (token: string, limit: number, leaseMs: number, sinceMs: number) => {
+  const claim = async (
+    token: string,
+    limit: number,
+    leaseMs: number,
+    sinceMs: number,
+    shard: ShardParams | undefined,
+  ) => {
     const answer = await begin(
-      q.claimHeld({ limit, idleMs: `${Math.ceil(leaseMs)}ms`, sinceMs }),
+      q.claimHeld({
+        limit,
+        idleMs: `${Math.ceil(leaseMs)}ms`,
+        sinceMs,
+        ...(shard === undefined ? {} : { shard }),
+      }),
       q.afterClaim,
     )
     if (answer.tx !== undefined) held.set(token, { tx: answer.tx, rows: answer.rows })
