@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 /**
- * The `txbox` command: migrate, status, dead list|redrive|skip, purge; with
+ * The `txbox` command: migrate, status, dead list|redrive|skip, purge,
+ * partitions, reconcile; with
  * no database, contracts check and asyncapi; on RabbitMQ, topology declare.
  *
  * Exit codes: 0 done; 1 the database failed or is not migrated, or a contract
@@ -20,6 +21,7 @@ import * as migrate from "./migrate.ts"
 import * as partitions from "./partitions.ts"
 import * as platform from "./platform.ts"
 import * as purge from "./purge.ts"
+import * as reconcile from "./reconcile.ts"
 import * as status from "./status.ts"
 import * as topology from "./topology.ts"
 
@@ -48,6 +50,10 @@ const txbox = Command.make("txbox").pipe(
     },
     { command: "txbox purge --older-than 14d", description: "retention for sent and processed rows" },
     {
+      command: "txbox reconcile --consumer billing --since 2d --grace 10m",
+      description: "what billing was owed against what it applied, per day × type × tenant",
+    },
+    {
       command: "txbox partitions drop --older-than 14d",
       description: "retention by dropping whole day partitions",
     },
@@ -70,6 +76,7 @@ const txbox = Command.make("txbox").pipe(
     dead.command,
     purge.command,
     partitions.command,
+    reconcile.command,
     contracts.command,
     asyncapi.command,
     topology.command,

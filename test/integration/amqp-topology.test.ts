@@ -3,8 +3,6 @@
 // `declareTopology` (or `txbox topology declare`) they wait in the consumer's queue until its inbox
 // starts. Declaring is idempotent, and an inbox subscribing afterwards meets no 406.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
-import { spawn } from "node:child_process"
-import { fileURLToPath } from "node:url"
 import amqp from "amqplib"
 import { Effect, Layer, Logger, ManagedRuntime } from "effect"
 import { sql } from "kysely"
@@ -20,10 +18,9 @@ import {
   queueName,
 } from "../../src/transport/amqp/topology.ts"
 import { Note } from "../fixtures/contracts.ts"
+import { type CliRun, runTxbox } from "../support/cli.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
 import { eventually, type MigratedDatabase, migratedDatabase, storeLayer } from "../support/txbox.ts"
-
-const MAIN = fileURLToPath(new URL("../../src/cli/main.ts", import.meta.url))
 
 let t: MigratedDatabase
 let broker: amqp.ChannelModel
@@ -304,26 +301,11 @@ test("queues an earlier txbox declared without x-queue-leader-locator are redecl
   await deleteQueues(consumer)
 })
 
-interface Run {
-  readonly code: number | null
-  readonly stdout: string
-  readonly stderr: string
-}
+type Run = CliRun
 
+/** `bun src/cli/main.ts ...args`, with no AMQP_URL inherited unless `env` gives one. */
 const txbox = (args: ReadonlyArray<string>, env: Record<string, string> = {}): Promise<Run> =>
-  new Promise((resolve, reject) => {
-    const { AMQP_URL: _ignored, ...inherited } = process.env
-    const child = spawn(process.execPath, [MAIN, ...args], {
-      stdio: ["ignore", "pipe", "pipe"],
-      env: { ...inherited, NO_COLOR: "1", ...env },
-    })
-    let stdout = ""
-    let stderr = ""
-    child.stdout.on("data", (d) => (stdout += d))
-    child.stderr.on("data", (d) => (stderr += d))
-    child.on("error", reject)
-    child.on("close", (code) => resolve({ code, stdout, stderr }))
-  })
+  runTxbox(args, { env, unset: ["AMQP_URL"] })
 
 describe("txbox topology declare", () => {
   test("declares the queue, dead queue and bindings; twice is fine; the relay then routes into the queue", async () => {

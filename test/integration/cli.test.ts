@@ -1,38 +1,19 @@
 // The `txbox` command as an operator runs it: a child process against a real PostgreSQL, judged by
 // its stdout, stderr and exit code, with every count checked against rows inserted here with SQL.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
-import { spawn } from "node:child_process"
-import { fileURLToPath } from "node:url"
 import { Effect } from "effect"
 import { sql } from "kysely"
 import { migrations } from "../../src/storage/sql/migrations.generated.ts"
 import { migrate } from "../../src/storage/sql/migrator.ts"
+import { type CliRun, runTxbox } from "../support/cli.ts"
 import { createTestDatabase, type TestDatabase } from "../support/db.ts"
 import { eventually, type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
 
-const MAIN = fileURLToPath(new URL("../../src/cli/main.ts", import.meta.url))
-
-interface Run {
-  readonly code: number | null
-  readonly stdout: string
-  readonly stderr: string
-}
+type Run = CliRun
 
 /** `bun src/cli/main.ts ...args`, with no DATABASE_URL inherited unless `env` gives one. */
 const txbox = (args: ReadonlyArray<string>, env: Record<string, string> = {}): Promise<Run> =>
-  new Promise((resolve, reject) => {
-    const { DATABASE_URL: _ignored, ...inherited } = process.env
-    const child = spawn(process.execPath, [MAIN, ...args], {
-      stdio: ["ignore", "pipe", "pipe"],
-      env: { ...inherited, NO_COLOR: "1", ...env },
-    })
-    let stdout = ""
-    let stderr = ""
-    child.stdout.on("data", (d) => (stdout += d))
-    child.stderr.on("data", (d) => (stderr += d))
-    child.on("error", reject)
-    child.on("close", (code) => resolve({ code, stdout, stderr }))
-  })
+  runTxbox(args, { env, unset: ["DATABASE_URL"] })
 
 /** Asserts the failure contract: exit `code`, nothing on stdout, one line on stderr, no stack trace. */
 const expectOneLineFailure = (run: Run, code: number): string => {
