@@ -8,8 +8,17 @@
  *   INSERT) and acks; a processor claims pending rows and runs each handler in
  *   a transaction that also marks the row processed.
  *
- * Effects outside the database transaction (HTTP calls, e-mails) are not
- * covered: they can repeat when a handler fails after making them.
+ * - "external": for a handler whose effect is outside the database (an
+ *   e-mail, an HTTP call): deliveries are stored as in store-then-process; the
+ *   processor claims a row under a lease (the "consuming" record, extended
+ *   while the handler runs), runs the handler with no transaction, then marks
+ *   the row processed. A duplicate finds the row stored and is acked; the
+ *   effect repeats only when the process dies (or its lease lapses) between
+ *   the effect and the mark.
+ *
+ * In the first two modes, effects outside the database transaction (HTTP
+ * calls, e-mails) are not covered: they can repeat when a handler fails after
+ * making them.
  *
  * This module wires parts together: deliveries are handled by
  * `core/inboxConsumer.ts`, stored rows by `core/inboxProcessor.ts` in the
@@ -39,14 +48,21 @@ export {
   handler,
 } from "./core/handler.ts"
 
+/** `InboxConfig.mode`. */
+export type InboxMode = "idempotent" | "store-then-process" | "external"
+
 /** Options of an inbox (`Inbox.make`, `Inbox.layer`, `txbox.inbox()`): its consumer name, its handlers, and how it runs them. */
 export interface InboxConfig {
   /** Names this consuming service: its queue and its inbox rows. */
   readonly consumer: string
   /** One per contract, made with `Inbox.handler`; their event types are what the queue subscribes to. */
   readonly handlers: ReadonlyArray<Handler>
-  /** How deliveries become handled: see the module doc for `"idempotent"` and `"store-then-process"`. @default "idempotent" */
-  readonly mode?: "idempotent" | "store-then-process"
+  /**
+   * How deliveries become handled: see the module doc for `"idempotent"`, `"store-then-process"`
+   * and `"external"` (effects outside the database: the handler gets no transaction, and its
+   * effect may repeat if the process dies between the effect and the mark). @default "idempotent"
+   */
+  readonly mode?: InboxMode
   /** Deliveries in flight at once. @default 32 */
   readonly prefetch?: number
   /**
@@ -157,7 +173,7 @@ export interface ResolvedInboxConfig {
   /** `InboxConfig.consumer`, checked against the allowed name pattern. */
   readonly consumer: string
   /** `InboxConfig.mode`, defaulted. */
-  readonly mode: "idempotent" | "store-then-process"
+  readonly mode: InboxMode
   /** `InboxConfig.prefetch`: deliveries in flight at once. */
   readonly prefetch: number
   /** `InboxConfig.transactions`: idempotent-mode inbox transactions open at once. */
@@ -251,7 +267,11 @@ export const resolveConfig = (c: InboxConfig): Effect.Effect<ResolvedInboxConfig
     })
     return {
       consumer: c.consumer,
-      mode: config.oneOf("inbox mode", c.mode, "idempotent", ["idempotent", "store-then-process"]),
+      mode: config.oneOf("inbox mode", c.mode, "idempotent", [
+        "idempotent",
+        "store-then-process",
+        "external",
+      ]),
       prefetch: config.integer("inbox prefetch", c.prefetch, 32, 1, 10_000),
       transactions: config.integer("inbox transactions", c.transactions, 4, 1, 1_000),
       batchSize: config.integer("inbox batchSize", c.batchSize, 100, 1, 10_000),
@@ -329,7 +349,7 @@ export const make = (
       c.mode === "idempotent" ? consumer.idempotentMany : undefined,
     )
 
-    // The processor runs in both modes: in store-then-process it does all the
+    // The processor runs in every mode: in store-then-process and external it does all the
     // work; in idempotent mode it runs ordered messages (always stored) and
     // rows an operator redrove. It LISTENs in both: only pending rows notify,
     // so an idempotent consumer with no ordered traffic is never woken.
@@ -373,7 +393,7 @@ export const make = (
     yield* Effect.forkScoped(
       runLeaseLoop({
         name: `inbox ${c.consumer} processor`,
-        cycle: processorCycle(parts, c),
+        cycle: processorCycle(parts, { ...c, external: c.mode === "external" }),
         batchSize: c.batchSize,
         pollMs: c.pollMs,
         outage: c.outage,

@@ -6,6 +6,7 @@
  * then record the failures in one statement. The loop around it is `leaseLoop.ts`.
  */
 import { Effect, Metric } from "effect"
+import type { Transaction } from "kysely"
 import type { StoreError } from "../Errors.ts"
 import * as Metrics from "../Metrics.ts"
 import type { InboxMark, InboxRow, OrderedDeadPolicy } from "../ports/InboxStore.ts"
@@ -31,6 +32,12 @@ export interface ProcessorSettings {
   /** Handlers run at once, each in its own transaction (its own pooled connection). */
   readonly concurrency: number
   readonly onOrderedDead: OrderedDeadPolicy
+  /**
+   * The inbox's "external" mode: each row's handler runs with no transaction, before the
+   * transaction that marks its row processed; one row at a time, so a failure never runs another
+   * row's effect again.
+   */
+  readonly external?: boolean
 }
 
 /** A claimed row to mark processed: with its decoded message, or a stand-in (core/standIn.ts), whose handler never runs. */
@@ -155,6 +162,62 @@ const processTogether =
       (index) => transactionTimedOut(index, p.handlerTimeoutMs),
     )
 
+/** What an "external" handler gets for `trx`: any use fails, saying why. */
+// biome-ignore lint/suspicious/noExplicitAny: stands in for the caller's database
+const NO_TRANSACTION = new Proxy({} as Transaction<any>, {
+  get: (_, property) => {
+    throw new TypeError(
+      `inbox mode "external": the handler gets no transaction (it read trx.${String(property)}); ` +
+        "use mode idempotent or store-then-process for effects in the database",
+    )
+  },
+})
+
+/**
+ * One row in the "external" mode: its handler (no transaction), then its row marked processed
+ * in a transaction of its own. The claim's lease is the "consuming" record: held (extended) while
+ * the handler runs, so no other processor runs it meanwhile; if the process dies between the
+ * effect and the mark, the lease lapses and the row runs again. The mark tells whether the row was
+ * still ours: false only when the lease lapsed under a handler that outlived it.
+ */
+const processExternally =
+  (p: InboxParts, token: string) =>
+  (
+    items: ReadonlyArray<Ready>,
+  ): Effect.Effect<ReadonlyArray<boolean>, FailedAt<HandlerFailed> | StoreError> => {
+    const item = items[0]!
+    const decoded = item.decoded
+    const handled =
+      decoded === undefined
+        ? Effect.void
+        : runHandler(
+            p.consumer,
+            decoded.handler,
+            decoded.payload,
+            { ...decoded.envelope, dedupeKey: item.row.key },
+            NO_TRANSACTION,
+            p.handlerTimeoutMs,
+            p.messaging,
+          ).pipe(Effect.mapError((error) => new FailedAt(0, error)))
+    const marked = p.store.transaction((tx) =>
+      tx.markProcessed(p.consumer, item.row.key, token, item.row.attempts + 1),
+    )
+    return Effect.flatMap(handled, () =>
+      Effect.flatMap(
+        marked,
+        (mine): Effect.Effect<ReadonlyArray<boolean>> =>
+          mine
+            ? Effect.succeed([true])
+            : Effect.as(
+                Effect.logWarning(
+                  `inbox ${p.consumer}: ${item.row.key}'s lease lapsed while its handler ran: another processor may run its effect again`,
+                ),
+                [false],
+              ),
+      ),
+    )
+  }
+
 /**
  * The claimed rows decoded for their handlers, in claim order. What cannot
  * run becomes a mark (dead when undecodable for good, retried when the
@@ -236,25 +299,33 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
 
   /** What became of a chunk's rows: the failures as marks; the processed ones counted. */
   const processChunk = (items: ReadonlyArray<Ready>, token: string) =>
-    Effect.flatMap(runShared(items, processTogether(p, token), isOutage, keyChains), (results) =>
-      Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
-        const result = results[i]
-        if (result !== undefined && !result.ok && result.error === HELD_BACK)
-          return Effect.succeed(heldBack(item.row))
-        if (result === undefined || !result.ok) {
-          const failure = result === undefined ? permanent("no result for the row") : failureOf(result.error)
-          const verdict = verdictFor(item.row.attempts, failure, p.retry)
-          return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
-        }
-        if (!result.value) return Effect.succeed(undefined)
-        if (item.row.position != null) advancedKeys++
-        if (item.decoded === undefined) {
-          p.counters.duplicates++
-          return Effect.as(Metric.update(Metrics.duplicates, 1), undefined)
-        }
-        p.counters.processed++
-        return Effect.as(Metric.update(Metrics.processed, 1), undefined)
-      }),
+    Effect.flatMap(
+      runShared(
+        items,
+        s.external ? processExternally(p, token) : processTogether(p, token),
+        isOutage,
+        keyChains,
+      ),
+      (results) =>
+        Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
+          const result = results[i]
+          if (result !== undefined && !result.ok && result.error === HELD_BACK)
+            return Effect.succeed(heldBack(item.row))
+          if (result === undefined || !result.ok) {
+            const failure =
+              result === undefined ? permanent("no result for the row") : failureOf(result.error)
+            const verdict = verdictFor(item.row.attempts, failure, p.retry)
+            return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
+          }
+          if (!result.value) return Effect.succeed(undefined)
+          if (item.row.position != null) advancedKeys++
+          if (item.decoded === undefined) {
+            p.counters.duplicates++
+            return Effect.as(Metric.update(Metrics.duplicates, 1), undefined)
+          }
+          p.counters.processed++
+          return Effect.as(Metric.update(Metrics.processed, 1), undefined)
+        }),
     )
 
   return Effect.gen(function* () {
@@ -269,7 +340,8 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
       p.store.extend(p.consumer, token, s.leaseMs),
       s.leaseMs,
       Effect.suspend(() => {
-        const size = Math.ceil(ready.length / s.concurrency)
+        // External: one row at a time (processExternally).
+        const size = s.external ? 1 : Math.ceil(ready.length / s.concurrency)
         return Effect.forEach(lanes(ready, size), (lane) => processLane(lane, size, token), {
           concurrency: s.concurrency,
         })

@@ -31,9 +31,11 @@ export type {
   HandlerContext,
   InboxConfig,
   InboxHealth,
+  InboxMode,
   InboxStats,
 } from "../Inbox.ts"
 export type { EnqueuedMessage, EnqueueOptions, EventInput, Executor, SqlClient } from "../Outbox.ts"
+export type { OutboxShard } from "../ports/OutboxStore.ts"
 export type { RelayConfig, RelayHealth, RelayStats } from "../Relay.ts"
 export type { RetryPolicy } from "../Retry.ts"
 

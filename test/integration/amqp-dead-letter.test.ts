@@ -5,12 +5,10 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import amqp from "amqplib"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { sql } from "kysely"
-import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
-import type { OutgoingMessage } from "../../src/ports/Transport.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { deadQueueName, delayQueueName, queueName } from "../../src/transport/amqp/subscriber.ts"
-import { Note } from "../fixtures/contracts.ts"
+import { Note, noteMessage } from "../fixtures/contracts.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
 import {
   eventually,
@@ -31,17 +29,7 @@ afterAll(async () => {
   await t.close()
 })
 
-const note = (text: string): OutgoingMessage => ({
-  id: uuidv7(),
-  type: Note.type,
-  version: Note.version,
-  routingKey: Note.type,
-  body: JSON.stringify({ note: text }),
-  headers: {},
-  occurredAt: new Date(),
-  partitionKey: null,
-  tenantId: null,
-})
+const note = noteMessage
 
 const publish = publishConfirmed
 

@@ -10,11 +10,11 @@ import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
 import { InboxStore } from "../../src/ports/InboxStore.ts"
-import { type OutgoingMessage, Transport } from "../../src/ports/Transport.ts"
+import { Transport } from "../../src/ports/Transport.ts"
 import * as SqlInboxStore from "../../src/storage/sql/SqlInboxStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { encodeBatches } from "../../src/transport/amqp/batch.ts"
-import { Note } from "../fixtures/contracts.ts"
+import { Note, noteMessage } from "../fixtures/contracts.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
 import { startFixture } from "../support/processes.ts"
 import { inboxRow as storedRow } from "../support/storeContract.ts"
@@ -36,18 +36,7 @@ afterAll(async () => {
 
 type Mode = "idempotent" | "store-then-process"
 
-const note = (text: string, extra: Partial<OutgoingMessage> = {}): OutgoingMessage => ({
-  id: uuidv7(),
-  type: Note.type,
-  version: Note.version,
-  routingKey: Note.type,
-  body: JSON.stringify({ note: text }),
-  headers: {},
-  occurredAt: new Date(),
-  partitionKey: null,
-  tenantId: null,
-  ...extra,
-})
+const note = noteMessage
 
 const publish = publishConfirmed
 
