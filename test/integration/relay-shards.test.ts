@@ -141,6 +141,34 @@ describe("relay shards", () => {
     }
   }, 120_000)
 
+  test("beside a tenant's relay, a relay without shard takes every row, a tenant's in no share included", async () => {
+    await sql`DELETE FROM txbox.outbox`.execute(t.db)
+    const exchange = uniqueName("shards-mixed")
+    const seen = await collect(amqpUrl(), exchange)
+    const written = await enqueue(300, (i) => ({ tenantId: ["acme", "globex", "initech"][i % 3]! }))
+    const acme = await startRelay(exchange, { shard: { tenants: ["acme"] }, batchSize: 20 })
+    const all = await startRelay(exchange, { batchSize: 20 })
+    try {
+      await eventually("the broker delivered every row", async () => seen.counts.size >= 300)
+      expect(written.every((w) => seen.counts.get(w.id) === 1)).toBe(true)
+      const [mine, every] = await Promise.all([acme.stats(), all.stats()])
+      expect(mine.published + every.published).toBe(300)
+      // Only the unsharded relay could take globex's and initech's 200.
+      expect(every.published).toBeGreaterThanOrEqual(200)
+      const { rows } = await sql<{ tenant_id: string; relays: string }>`
+        SELECT tenant_id, count(DISTINCT right(lock_token::text, 8)) AS relays FROM txbox.outbox
+        WHERE status = 'sent' GROUP BY tenant_id ORDER BY tenant_id`.execute(t.db)
+      expect(rows.map((r) => [r.tenant_id, Number(r.relays) >= 1])).toEqual([
+        ["acme", true],
+        ["globex", true],
+        ["initech", true],
+      ])
+    } finally {
+      await Promise.all([acme.dispose(), all.dispose()])
+      await seen.close()
+    }
+  }, 60_000)
+
   test("by hash: three shares publish every row once, and each key through one relay", async () => {
     await sql`DELETE FROM txbox.outbox`.execute(t.db)
     const exchange = uniqueName("shards-hash")
