@@ -233,7 +233,9 @@ export const command = Command.make(
       Flag.optional,
     ),
     since: Flag.String("since").pipe(
-      Flag.withDescription("messages enqueued from this time on: 2h, 7d (ago) or an ISO timestamp"),
+      Flag.withDescription(
+        "messages enqueued from this time on: 2h, 7d (ago) or an ISO timestamp (default: 1d)",
+      ),
       Flag.withDefault("1d"),
     ),
     until: Flag.String("until").pipe(
@@ -241,14 +243,17 @@ export const command = Command.make(
       Flag.optional,
     ),
     by: Flag.Literals("by", ["day", "hour"]).pipe(
-      Flag.withDescription("one row per day or per hour (UTC) × type × tenant"),
+      Flag.withDescription("one row per day or per hour (UTC) × type × tenant (default: day)"),
       Flag.withDefault("day" as const),
     ),
     grace: Flag.String("grace").pipe(
-      Flag.withDescription("messages younger than this are in flight, not missing"),
+      Flag.withDescription("messages younger than this are in flight, not missing (default: 5m)"),
       Flag.withDefault("5m"),
     ),
-    limit: Flag.Int("limit").pipe(Flag.withDescription("missing ids listed per row"), Flag.withDefault(20)),
+    limit: Flag.Int("limit").pipe(
+      Flag.withDescription("missing ids listed per row (default: 20)"),
+      Flag.withDefault(20),
+    ),
     json: jsonFlag,
   },
   (input) =>
