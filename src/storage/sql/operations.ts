@@ -30,13 +30,14 @@ import { upsertCursors, waitsForOf } from "./fragments.ts"
 import { afterOf, isEarly, isNext } from "./partitionGate.ts"
 import { columnsOf } from "./partitions.ts"
 
-const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
+/** One statement (or a few) of an operator's command, its failure classified, in a span of its own. */
+export const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
   Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(
     Effect.withSpan(`txbox.${operation}`),
   )
 
 /** txbox's tables in the configured schema (CTE names are left unqualified by `withSchema`). */
-const tables = (db: DatabaseShape) => (db.db as Kysely<TxboxDatabase>).withSchema(db.schema)
+export const tables = (db: DatabaseShape) => (db.db as Kysely<TxboxDatabase>).withSchema(db.schema)
 
 // Builds the typed expressions that need no table in scope (casts of parameters).
 const eb0 = expressionBuilder<TxboxDatabase>()

@@ -5,19 +5,12 @@
  * may be two databases. The comparison itself is `cli/reconcile.ts`'s.
  */
 import { Effect } from "effect"
-import { type Kysely, sql } from "kysely"
+import { sql } from "kysely"
 import type { StoreError } from "../../Errors.ts"
 import type { DatabaseShape } from "../../ports/Database.ts"
-import type { InboxStatus, OutboxStatus, TxboxDatabase } from "../../ports/tables.ts"
-import { classifyDbError } from "./errors.ts"
+import type { InboxStatus, OutboxStatus } from "../../ports/tables.ts"
+import { query, tables } from "./operations.ts"
 import { idBound } from "./partitionBounds.ts"
-
-const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, StoreError> =>
-  Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(
-    Effect.withSpan(`txbox.${operation}`),
-  )
-
-const tables = (db: DatabaseShape) => (db.db as Kysely<TxboxDatabase>).withSchema(db.schema)
 
 /** A routing-key pattern the consumer's queue is bound with, and since when (migration 0009). */
 export interface Binding {
@@ -108,7 +101,7 @@ export const owedPage = (
       .where("o.id", ">=", sql<string>`${afterId ?? idBound(from.getTime())}::uuid`)
       .$if(afterId !== undefined, (qb) => qb.where("o.id", "!=", sql<string>`${afterId!}::uuid`))
       .where("o.id", "<", sql<string>`${idBound(to.getTime())}::uuid`)
-      // sql: Kysely has no words for a regular-expression match over unnest of two arrays.
+      // sql: Kysely has no words for a regular-expression match over two arrays zipped by position.
       .where(
         sql<boolean>`EXISTS (SELECT 1 FROM json_array_elements_text(${patterns}::text::json) WITH ORDINALITY AS p(re, n)
           JOIN json_array_elements_text(${boundAts}::text::json) WITH ORDINALITY AS b(at, n) USING (n)
