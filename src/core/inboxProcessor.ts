@@ -185,6 +185,8 @@ const processExternally =
   (
     items: ReadonlyArray<Ready>,
   ): Effect.Effect<ReadonlyArray<boolean>, FailedAt<HandlerFailed> | StoreError> => {
+    // The lanes give it one row (`size` 1 in processorCycle): a second would go unmarked.
+    if (items.length !== 1) return Effect.die(new Error(`external mode: ${items.length} rows in one piece`))
     const item = items[0]!
     const decoded = item.decoded
     const handled =
