@@ -266,17 +266,12 @@ export const command = Command.make(
         onNone: () => undefined,
         onSome: (url) => ({ ...input.connection, url: Option.some(url) }),
       })
+      const options = { since, until, graceSeconds, limit, by: input.by }
       const report = yield* withDatabase(input.connection, { requireTables: true }, (producer) =>
         inboxConnection === undefined
-          ? reconcile(producer, producer, input.consumer, { since, until, graceSeconds, limit, by: input.by })
+          ? reconcile(producer, producer, input.consumer, options)
           : withDatabase(inboxConnection, { requireTables: true }, (consumer) =>
-              reconcile(producer, consumer, input.consumer, {
-                since,
-                until,
-                graceSeconds,
-                limit,
-                by: input.by,
-              }),
+              reconcile(producer, consumer, input.consumer, options),
             ),
       )
       yield* input.json ? printJson(report) : print(render(report))
