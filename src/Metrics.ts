@@ -47,6 +47,10 @@ export const outboxLag: Metric.Gauge<number> = Metric.gauge("txbox_outbox_lag_se
   description: "Age of the oldest due, unpublished outbox message (0 when none)",
   attributes: seconds,
 })
+/** Gauge `txbox_wal_retained_bytes`: WAL the relay's replication slot keeps on the server (a WAL relay only). */
+export const walRetained: Metric.Gauge<number> = Metric.gauge("txbox_wal_retained_bytes", {
+  description: "WAL the WAL relay's replication slot keeps on the server, bytes",
+})
 /** Histogram `txbox_relay_batch_size`: rows per relay claim. */
 export const batchSize: Metric.Histogram<number> = Metric.histogram("txbox_relay_batch_size", {
   description: "Rows per relay claim",

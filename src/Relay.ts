@@ -10,7 +10,7 @@
  * This module wires parts together: the batch is `core/relayCycle.ts`, the
  * loop `core/leaseLoop.ts`, the retry-or-dead rule `core/verdict.ts`.
  */
-import { type Duration, Effect, Layer, Schedule, type Scope } from "effect"
+import { type Duration, Effect, Layer, Metric, Option, Schedule, type Scope } from "effect"
 import { bounded } from "./core/bounded.ts"
 import * as config from "./core/config.ts"
 import { isLive, makeLoopState, runLeaseLoop } from "./core/leaseLoop.ts"
@@ -26,8 +26,11 @@ import {
 } from "./core/relayCycle.ts"
 import { makeSignal, subscribeWakeups } from "./core/signal.ts"
 import { uuidv7 } from "./core/uuid.ts"
-import type { ConfigError } from "./Errors.ts"
-import { type OutboxShard, OutboxStore } from "./ports/OutboxStore.ts"
+import { runWalLoop } from "./core/walRelay.ts"
+import { ConfigError } from "./Errors.ts"
+import * as Metrics from "./Metrics.ts"
+import { OutboxLog, type OutboxLogStatus } from "./ports/OutboxLog.ts"
+import { type OutboxMark, type OutboxShard, OutboxStore, type OutboxStoreShape } from "./ports/OutboxStore.ts"
 import { Transport } from "./ports/Transport.ts"
 import { makeRetryPolicy, type RetryPolicy } from "./Retry.ts"
 
@@ -51,6 +54,20 @@ export interface RelayConfig {
    * @default every row
    */
   readonly shard?: OutboxShard
+  /**
+   * Where the relay learns of new rows. `"poll"`: it claims due rows, woken by NOTIFY and a poll.
+   * `"wal"`: it reads the outbox's inserts from PostgreSQL's WAL through a logical replication slot
+   * (provide `WalLog.layer` from `txbox/pg`) and publishes each commit as the log brings it, with no
+   * claim; a polling sweep beside it publishes delayed and retried rows, and any row still pending
+   * `sweepAfter` after it was enqueued (docs/production.md, "A relay that tails the WAL").
+   * Not with `shard`. @default "poll"
+   */
+  readonly source?: "poll" | "wal"
+  /**
+   * With `source: "wal"`: how long after its enqueue a row still pending is published by the
+   * sweep instead (its reader away: a standby, a restart, a slot lost). @default "10 seconds"
+   */
+  readonly sweepAfter?: Duration.Input
   /** Per-message retries, persisted in `visible_at`. @default defaultRetryPolicy */
   readonly retry?: Partial<RetryPolicy>
   /** Backoff of the whole loop while the database or broker is unreachable. @default 100 ms doubling to 10 s, jittered */
@@ -119,6 +136,8 @@ export interface RelayHealth {
   readonly listening: boolean
   /** The loop's last failure, cleared by its next successful cycle. */
   readonly lastError: string | undefined
+  /** With `source: "wal"`: the log's reading (this process reads the slot, or stands by) and what the slot retains. */
+  readonly wal?: OutboxLogStatus
 }
 
 /** What `Relay.make` returns: the running relay's stats and health, read on demand. */
@@ -135,6 +154,8 @@ export interface ResolvedRelayConfig extends RelaySettings {
   readonly workers: number
   /** `RelayConfig.pollInterval`, in ms. */
   readonly pollMs: number
+  /** `RelayConfig.source`. */
+  readonly source: "poll" | "wal"
   /** `RelayConfig.retention` in seconds and ms, with its defaults; undefined when off. */
   readonly retention:
     | { readonly olderThanSeconds: number; readonly everyMs: number; readonly batchSize: number }
@@ -192,7 +213,16 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
       everyMs: config.millis("relay retention.every", c.retention.every, "1 hour", { minMs: 1 }),
       batchSize: config.integer("relay retention.batchSize", c.retention.batchSize, 5000, 1, 1_000_000),
     }
+    const source = config.oneOf("relay source", c.source, "poll", ["poll", "wal"])
+    config.check(
+      source === "poll" || c.shard === undefined,
+      "relay shard",
+      'is for polling relays: one reader reads the WAL (source: "wal")',
+      c.shard,
+    )
+    const sweepAfterMs = config.millis("relay sweepAfter", c.sweepAfter, "10 seconds", { minMs: 100 })
     return {
+      source,
       batchSize: config.integer("relay batchSize", c.batchSize, 1000, 1, 50_000),
       workers: config.integer("relay workers", c.workers, 1, 1, 64),
       leaseMs,
@@ -202,7 +232,8 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
         c.shard === undefined ? "1 second" : "100 millis",
         { minMs: 1 },
       ),
-      shard: resolveShard(c.shard),
+      // A WAL relay's polling loop is its sweep: its share is what the log leaves (core/walRelay.ts).
+      shard: source === "wal" ? { sweepAfterMs } : resolveShard(c.shard),
       statementTimeoutMs: Math.min(leaseMs / 4, 10_000),
       retry: makeRetryPolicy(c.retry, "relay retry"),
       outage: makeRetryPolicy(
@@ -246,12 +277,17 @@ export const make = (
     // This process, to the housekeeping leases: the lag probe and retention run in one process at a time.
     const holder = uuidv7()
     const wake = makeSignal()
-    const wakeups = yield* subscribeWakeups(
-      // Called as the store's method: a store written as a class keeps its `this`.
-      (onWake, onHearing) => store.wakeups(onWake, onHearing),
-      wake,
-      (e) => `relay: LISTEN unavailable, polling only: ${e.message}`,
-    )
+    // A WAL relay's sweep polls: a NOTIFY is for fresh rows, which the log brings.
+    const wakeups =
+      c.source === "wal"
+        ? { listening: false }
+        : yield* subscribeWakeups(
+            // Called as the store's method: a store written as a class keeps its `this`.
+            (onWake, onHearing) => store.wakeups(onWake, onHearing),
+            wake,
+            (e) => `relay: LISTEN unavailable, polling only: ${e.message}`,
+          )
+    const log = c.source === "wal" ? yield* walSource(store) : undefined
 
     // Whether another relay process's looks cover this one's (core/relayCycle.ts's LookCover).
     const cover = { covered: false }
@@ -282,6 +318,17 @@ export const make = (
       state,
     }
     for (let i = 0; i < c.workers; i++) yield* Effect.forkScoped(runLeaseLoop(loop))
+    if (log !== undefined) {
+      yield* Effect.forkScoped(runWalLoop(log.log, log.settle, transport, c, counters, makeLoopState()))
+      yield* Effect.forkScoped(
+        Effect.repeat(
+          Effect.flatMap(log.log.status, (status) =>
+            Metric.update(Metrics.walRetained, status.retainedBytes ?? 0),
+          ),
+          Schedule.spaced(5_000),
+        ),
+      )
+    }
     const lagEvery = Math.max(1000, Math.min(c.pollMs * 5, 5000))
     yield* Effect.forkScoped(Effect.repeat(lagProbe(store, lag, holder, lagEvery), Schedule.spaced(lagEvery)))
     if (c.retention) {
@@ -310,7 +357,9 @@ export const make = (
     const health = Effect.gen(function* () {
       const brokerConnected = yield* transport.isConnected
       const live = yield* isLive(state, c.pollMs * 3 + c.leaseMs)
+      const wal = log === undefined ? undefined : yield* log.log.status
       return {
+        ...(wal === undefined ? {} : { wal }),
         ready: brokerConnected && live,
         brokerConnected,
         lastCycleAt: date(state.lastCycleAt),
@@ -321,6 +370,25 @@ export const make = (
       } satisfies RelayHealth
     })
     return { stats, health } satisfies RelayHandle
+  })
+
+/** The log a WAL relay reads, and the store's write for rows no claim holds; a `ConfigError` without them. */
+const walSource = (store: OutboxStoreShape) =>
+  Effect.gen(function* () {
+    const log = yield* Effect.serviceOption(OutboxLog)
+    if (Option.isNone(log)) {
+      return yield* new ConfigError({
+        reason: 'relay source "wal" reads the outbox\'s log: provide WalLog.layer({ url }) from txbox/pg',
+      })
+    }
+    if (store.settle === undefined) {
+      return yield* new ConfigError({
+        reason:
+          'relay source "wal" needs a store that settles rows no claim holds (the PostgreSQL stores do)',
+      })
+    }
+    const settle = store.settle
+    return { log: log.value, settle: (marks: ReadonlyArray<OutboxMark>) => settle(marks) }
   })
 
 /** The relay as a layer: its workers live as long as the layer. */

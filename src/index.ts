@@ -54,6 +54,13 @@ export {
 } from "./ports/InboxStore.ts"
 export type { Claim, Verdict } from "./ports/lease.ts"
 export {
+  OutboxLog,
+  type OutboxLogBatch,
+  type OutboxLogRow,
+  type OutboxLogShape,
+  type OutboxLogStatus,
+} from "./ports/OutboxLog.ts"
+export {
   type OutboxClaim,
   type OutboxMark,
   type OutboxMessage,

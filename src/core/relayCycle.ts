@@ -107,20 +107,11 @@ const tombstoneOf = (row: OutboxMessage, error: string): OutgoingMessage => ({
 const deadOutbox = Metric.withAttributes(Metrics.dead, { side: "outbox" })
 const retriedOutbox = Metric.withAttributes(Metrics.retried, { side: "outbox" })
 
-/** The batch as an Effect: succeeds with how many rows it claimed; fails (after marking) when the broker is away. */
-export const relayCycle = (
-  store: OutboxStoreShape,
-  transport: TransportShape,
-  s: RelaySettings,
-  counters: RelayCounters,
-  cover: LookCover = { covered: false },
-): Effect.Effect<number, StoreError | TransportError> => {
-  // Asked for anew each cycle: a store may decide (or mint a token) when called, not when run.
-  const claim = Effect.suspend(() => store.claim(s.batchSize, s.leaseMs, s.shard)).pipe(
-    bounded("Relay.claim", s.statementTimeoutMs),
-    spanned("Relay.claim"),
-  )
-
+/**
+ * What a relay does with rows it has, however it got them (a claim, or the WAL: `walRelay.ts`):
+ * publish them, publish tombstones for dead keyed ones, and count what the marks say.
+ */
+export const publishing = (transport: TransportShape, counters: RelayCounters) => {
   const publish = (rows: ReadonlyArray<OutboxMessage>) =>
     transport.publish(rows.map(toOutgoing)).pipe(
       Effect.map((outcomes) => ({ outcomes, outage: undefined as TransportError | undefined })),
@@ -133,21 +124,6 @@ export const relayCycle = (
       ),
       spanned("Relay.publish"),
     )
-
-  // Built once: a schedule is a value, and the mark runs every cycle.
-  const outage = schedule(s.outage)
-  // A failed mark is retried for a while (the rows are confirmed; only the
-  // record is missing). If the database stays away past half the lease the
-  // rows come due again and are published twice: at least once, not lost.
-  const mark = (token: string, marks: ReadonlyArray<OutboxMark>) =>
-    store
-      .mark(token, marks)
-      .pipe(
-        bounded("Relay.mark", s.statementTimeoutMs),
-        Effect.retry({ schedule: outage, while: (e) => e.retryable }),
-        bounded("Relay.mark", s.leaseMs / 2),
-        spanned("Relay.mark"),
-      )
 
   // A keyed message given up on leaves a number its key's consumers wait for: publish a body-less
   // tombstone in its place before recording it dead. One that is not confirmed either is logged;
@@ -199,6 +175,39 @@ export const relayCycle = (
     if (retried > 0) metrics = Effect.andThen(metrics, Metric.update(retriedOutbox, retried))
     return outage ? Effect.andThen(metrics, Effect.fail(outage)) : Effect.as(metrics, rows.length)
   }
+
+  return { publish, tombstones, settled }
+}
+
+/** The batch as an Effect: succeeds with how many rows it claimed; fails (after marking) when the broker is away. */
+export const relayCycle = (
+  store: OutboxStoreShape,
+  transport: TransportShape,
+  s: RelaySettings,
+  counters: RelayCounters,
+  cover: LookCover = { covered: false },
+): Effect.Effect<number, StoreError | TransportError> => {
+  const { publish, tombstones, settled } = publishing(transport, counters)
+  // Asked for anew each cycle: a store may decide (or mint a token) when called, not when run.
+  const claim = Effect.suspend(() => store.claim(s.batchSize, s.leaseMs, s.shard)).pipe(
+    bounded("Relay.claim", s.statementTimeoutMs),
+    spanned("Relay.claim"),
+  )
+
+  // Built once: a schedule is a value, and the mark runs every cycle.
+  const outage = schedule(s.outage)
+  // A failed mark is retried for a while (the rows are confirmed; only the
+  // record is missing). If the database stays away past half the lease the
+  // rows come due again and are published twice: at least once, not lost.
+  const mark = (token: string, marks: ReadonlyArray<OutboxMark>) =>
+    store
+      .mark(token, marks)
+      .pipe(
+        bounded("Relay.mark", s.statementTimeoutMs),
+        Effect.retry({ schedule: outage, while: (e) => e.retryable }),
+        bounded("Relay.mark", s.leaseMs / 2),
+        spanned("Relay.mark"),
+      )
 
   // Publish, then mark: the rows of a claim that found some.
   const work = (token: string, rows: ReadonlyArray<OutboxMessage>) =>

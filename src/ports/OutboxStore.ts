@@ -65,6 +65,12 @@ export interface OutboxClaim extends Claim<OutboxMessage> {
 export type OutboxShard =
   | { readonly tenants: ReadonlyArray<string> }
   | { readonly of: number; readonly index: number }
+  /**
+   * A WAL relay's sweep (issue #27): the rows its log does not publish. Those due later than they
+   * were enqueued (a delay, a retry's backoff, a lease), and those enqueued more than `sweepAfterMs`
+   * ago and still pending (the log's reader away, its slot lost or created anew).
+   */
+  | { readonly sweepAfterMs: number }
 
 /** What the `OutboxStore` service does: claim due messages under a lease, settle them, and measure the backlog. */
 export interface OutboxStoreShape {
@@ -85,6 +91,12 @@ export interface OutboxStoreShape {
    * attempt more. Only rows the claim `token` still holds change; returns how many did.
    */
   readonly mark: (token: string, marks: ReadonlyArray<OutboxMark>) => Effect.Effect<number, StoreError>
+  /**
+   * Records verdicts for rows no claim holds (what a WAL relay published), in one write, where
+   * still pending: as `mark`, whoever holds them. Returns how many changed. Optional: a store
+   * without it serves no WAL relay.
+   */
+  readonly settle?: (marks: ReadonlyArray<OutboxMark>) => Effect.Effect<number, StoreError>
   /**
    * Keeps the rows `token` still holds for another `leaseMs` from now: the
    * relay calls it while a batch is being published, so a slow batch is not

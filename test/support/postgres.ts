@@ -36,6 +36,8 @@ export interface LocalPostgres {
 export interface LocalPostgresOptions {
   /** Shows in the temp dir name and in `ps` (as `cluster_name`), to tell clusters apart. */
   readonly name?: string
+  /** More `postgresql.conf` lines (e.g. `wal_level = logical` for the WAL relay's tests). */
+  readonly settings?: ReadonlyArray<string>
 }
 
 const BIN_DIRS = ["/usr/lib/postgresql/15/bin"]
@@ -62,7 +64,7 @@ function binaries(): { initdb: string; pgCtl: string } {
 }
 
 // Durability off: a test cluster is thrown away, and fsync dominates commit latency otherwise.
-const settings = (port: number, socketDir: string, name: string): string =>
+const settings = (port: number, socketDir: string, name: string, more: ReadonlyArray<string> = []): string =>
   [
     "listen_addresses = '127.0.0.1'",
     `port = ${port}`,
@@ -72,6 +74,7 @@ const settings = (port: number, socketDir: string, name: string): string =>
     "fsync = off",
     "synchronous_commit = off",
     "full_page_writes = off",
+    ...more,
     "",
   ].join("\n")
 
@@ -103,7 +106,7 @@ export async function startLocalPostgres(options: LocalPostgresOptions = {}): Pr
     let port = 0
     for (let attempt = 1; ; attempt++) {
       port = await freePortBlock(1)
-      writeFileSync(conf, settings(port, dir, name))
+      writeFileSync(conf, settings(port, dir, name, options.settings))
       if (user) await run("chown", [`${user.uid}:${user.gid}`, conf])
       try {
         await pgCtlRun(["-l", log, "-w", "-t", "60", "start"])

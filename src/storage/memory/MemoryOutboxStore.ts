@@ -139,8 +139,10 @@ const hash32 = (text: string): number => {
 }
 
 /** Whether `row` is in `shard` (every row without one). */
-const inShard = (row: Row, shard: OutboxShard | undefined): boolean => {
+const inShard = (row: Row, shard: OutboxShard | undefined, now: number): boolean => {
   if (shard === undefined) return true
+  if ("sweepAfterMs" in shard)
+    return row.visibleAt > row.occurredAt || row.occurredAt <= now - shard.sweepAfterMs
   if ("tenants" in shard) return row.tenantId !== null && shard.tenants.includes(row.tenantId)
   return hash32(row.partitionKey ?? row.id) % shard.of === shard.index
 }
@@ -150,7 +152,7 @@ const claim = (state: State) => (limit: number, leaseMs: number, shard?: OutboxS
     const token = uuidv7()
     // An expired lease needs no special case: its row is pending with visibleAt <= now again.
     const due = [...state.table.values()]
-      .filter((r) => r.status === "pending" && r.visibleAt <= now && inShard(r, shard))
+      .filter((r) => r.status === "pending" && r.visibleAt <= now && inShard(r, shard, now))
       .sort(byDue)
       .slice(0, Math.max(0, limit))
     for (const row of due) {
@@ -160,13 +162,15 @@ const claim = (state: State) => (limit: number, leaseMs: number, shard?: OutboxS
     return { token, rows: due.map(toMessage) }
   })
 
-const mark = (state: State) => (token: string, marks: ReadonlyArray<OutboxMark>) =>
-  op(state, "OutboxStore.mark", (now) => {
+/** `mark`, or with a null token `settle`: rows no claim holds, settled whoever holds them. */
+const mark = (state: State) => (token: string | null, marks: ReadonlyArray<OutboxMark>) =>
+  op(state, token === null ? "OutboxStore.settle" : "OutboxStore.mark", (now) => {
     let changed = 0
     for (const { id, verdict } of marks) {
       const row = state.table.get(id)
       // The token check is what keeps a relay whose lease ran out from settling another's claim.
-      if (row === undefined || row.lockToken !== token || row.status !== "pending") continue
+      if (row === undefined || (token !== null && row.lockToken !== token) || row.status !== "pending")
+        continue
       if (verdict._tag === "Done") {
         // lastError stays: the SQL keeps it (COALESCE) as a trace of earlier failures.
         // The token stays, as the SQL stores keep it: it names the relay that published.
@@ -297,6 +301,7 @@ export const make = (): Effect.Effect<MemoryOutbox> =>
       store: {
         claim: claim(state),
         mark: mark(state),
+        settle: (marks) => mark(state)(null, marks),
         release: release(state),
         extend: extend(state),
         lagSeconds: lagSeconds(state),

@@ -472,9 +472,16 @@ const prepareSharded = <P extends Readonly<Record<string, unknown>>, R>(
       compile(db, { ...p, shard: { of: p.of, index: p.index } }),
     { ...placeholders, of: -101, index: -102 },
   )
+  const sweep = prepare(
+    db,
+    (db, p: P & { readonly sweepAfterMs: number }) =>
+      compile(db, { ...p, shard: { sweepAfterMs: p.sweepAfterMs } }),
+    { ...placeholders, sweepAfterMs: -103 },
+  )
   return (params) => {
     const { shard } = params
     if (shard === undefined) return all(params)
+    if ("sweepAfterMs" in shard) return sweep({ ...params, ...shard })
     if ("tenant" in shard) return tenant({ ...params, ...shard })
     return "tenants" in shard ? tenants({ ...params, ...shard }) : hash({ ...params, ...shard })
   }
@@ -592,6 +599,15 @@ const purgeSent = Effect.fn("OutboxStore.purgeSent")(function* (
 
 const MAX_LEASES = 1024
 
+/** `OutboxStore.settle`: verdicts for rows no claim holds (a WAL relay's), by id, where still pending. */
+const settleRows =
+  (db: Kysely<TxboxDatabase>, q: ReturnType<typeof statements>) => (marks: ReadonlyArray<OutboxMark>) =>
+    marks.length === 0
+      ? Effect.succeed(0)
+      : tryStore("OutboxStore.settle", () =>
+          db.executeQuery(q.markHeld({ verdicts: markVerdicts(marks) })).then(affected),
+        )
+
 export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope> = Effect.gen(function* () {
   const database = yield* Database
   // Bound to txbox's schema once; `withSchema` leaves the CTE's name alone.
@@ -700,10 +716,10 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
     const due = (await db.executeQuery(q.nextDue())).rows[0]?.due
     return due === null || due === undefined ? undefined : Number(due) * 1000
   })
-
   return {
     claim,
     mark,
+    settle: settleRows(db, q),
     release: (token) => tryStore("OutboxStore.release", () => held.release(token) ?? release(token)),
     extend: (token, leaseMs) =>
       tryStore("OutboxStore.extend", () => {

@@ -13,6 +13,7 @@ export type ShardParams =
   | { readonly tenant: string }
   | { readonly tenants: string }
   | { readonly of: number; readonly index: number }
+  | { readonly sweepAfterMs: number }
 
 /**
  * A PostgreSQL array literal of text (`{"a","b"}`), bound as one text parameter: every driver binds
@@ -26,11 +27,13 @@ const textArray = (values: ReadonlyArray<string>): string =>
 export const shardParams = (shard: OutboxShard | undefined): ShardParams | undefined =>
   shard === undefined
     ? undefined
-    : "tenants" in shard
-      ? shard.tenants.length === 1
-        ? { tenant: shard.tenants[0]! }
-        : { tenants: textArray(shard.tenants) }
-      : { of: shard.of, index: shard.index }
+    : "sweepAfterMs" in shard
+      ? { sweepAfterMs: shard.sweepAfterMs }
+      : "tenants" in shard
+        ? shard.tenants.length === 1
+          ? { tenant: shard.tenants[0]! }
+          : { tenants: textArray(shard.tenants) }
+        : { of: shard.of, index: shard.index }
 
 /** `shardParams`, remembering the last shard: a relay claims with the same one every cycle. */
 export const shardBinder = () => {
@@ -53,6 +56,13 @@ export const shardBinder = () => {
  */
 export const inShard = (shard: ShardParams | undefined, o: "o." | "") => {
   if (shard === undefined) return sql<boolean>`true`
+  // A WAL relay's sweep: a filter on the walk of `outbox_due`, whose front holds the rows its log
+  // is publishing (fresh ones, due when enqueued), skipped.
+  if ("sweepAfterMs" in shard) {
+    const visible = sql.raw(`${o}visible_at`)
+    const occurred = sql.raw(`${o}occurred_at`)
+    return sql<boolean>`(${visible} > ${occurred} OR ${occurred} <= now() - ${shard.sweepAfterMs}::int * interval '1 millisecond')`
+  }
   // One tenant: an equality, so the index gives its rows in due order and the claim stops at its
   // limit. Several: `= ANY`, whose rows PostgreSQL 15 sorts (a tenant's backlog, per claim).
   if ("tenant" in shard) {

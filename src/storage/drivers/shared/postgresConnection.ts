@@ -73,7 +73,7 @@ export const validateConnection = (config: PostgresConnectionConfig): ValidConne
   }
 }
 
-const validUrl = (what: string, text: string): string => {
+export const validUrl = (what: string, text: string): string => {
   let url: URL
   try {
     url = new URL(text)
