@@ -9,7 +9,10 @@
 //   same `pg` client, Outbox.enqueue in place of its INSERT), support/relayProcess.ts and
 //   support/inboxProcess.ts (idempotent, RECORD=1) with no options: the library's defaults;
 // - txbox-kysely (only when asked for, --pipelines hand,txbox,txbox-kysely): txbox with the
-//   producer's transaction through Kysely, as the README's quickstart writes it.
+//   producer's transaction through Kysely, as the README's quickstart writes it;
+// - txbox-wal (only when asked for): txbox's defaults but the relay's `source: "wal"` (issue #27),
+//   reading a logical replication slot; the bench's PostgreSQL then runs with wal_level = logical
+//   for every pipeline of the run, so the comparison stays on one server.
 //
 // Each run: a fresh database and exchange/queue; one producer process (4 connections) and N relay +
 // N inbox processes ("1+1", "2+2"); CPU sampled from /proc from the producers' start until every
@@ -20,7 +23,7 @@
 //
 //   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 6] [--settle 10] [--loads max,250,1000] [--topologies 1+1,2+2]
 //                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
-//                     [--pooler direct|pgbouncer[:N]]
+//                     [--pooler direct|pgbouncer[:N]] [--sync-commit off|on]
 import { execFileSync } from "node:child_process"
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
@@ -60,7 +63,7 @@ const args = parseArgs()
 const quick = args.quick
 
 /** "txbox-kysely": txbox with the producer's transaction through Kysely (the quickstart's wiring). */
-type Pipeline = "hand" | "txbox" | "txbox-kysely"
+type Pipeline = "hand" | "txbox" | "txbox-kysely" | "txbox-wal"
 type Load = number | "max"
 interface Topology {
   readonly name: string
@@ -78,8 +81,8 @@ const listOf = <T>(name: string, fallback: string, parse: (part: string) => T): 
 
 const config = {
   pipelines: listOf("pipelines", "hand,txbox", (p): Pipeline => {
-    if (p !== "hand" && p !== "txbox" && p !== "txbox-kysely")
-      throw new Error(`--pipelines: ${p} (hand, txbox, txbox-kysely)`)
+    if (p !== "hand" && p !== "txbox" && p !== "txbox-kysely" && p !== "txbox-wal")
+      throw new Error(`--pipelines: ${p} (hand, txbox, txbox-kysely, txbox-wal)`)
     return p
   }),
   loads: listOf("loads", quick ? "max" : "max,250,1000", (p): Load => {
@@ -110,6 +113,12 @@ const config = {
    * connections, default 8) in front of the bench database, txbox's LISTEN straight to it (`listenUrl`).
    */
   pooler: args.string("pooler", "direct"),
+  /**
+   * The bench's PostgreSQL's synchronous_commit: "off" as in the tests (the default here), or "on",
+   * PostgreSQL's own default. A WAL relay sees a commit only once its WAL is flushed: with "off"
+   * that waits for the WAL writer (wal_writer_delay, 200 ms).
+   */
+  syncCommit: args.string("sync-commit", "off"),
   warmupSeconds: args.number("warmup", quick ? 0.3 : 6),
   /**
    * Then, at an offered load, seconds at that load before the clock starts (not measured): the
@@ -236,6 +245,8 @@ interface InboxLine {
   readonly failed?: number
 }
 
+if (config.syncCommit !== "off" && config.syncCommit !== "on") throw new Error("--sync-commit: on or off")
+
 main(() =>
   withServices(async (services) => {
     // A PostgreSQL of the bench's own with track_commit_timestamp (latency from both commits, read
@@ -246,6 +257,9 @@ main(() =>
       const admin = postgres(local.url, { max: 1, onnotice: () => {} })
       try {
         await admin.unsafe(`ALTER SYSTEM SET track_commit_timestamp = 'on'`)
+        await admin.unsafe(`ALTER SYSTEM SET synchronous_commit = '${config.syncCommit}'`)
+        if (config.pipelines.includes("txbox-wal"))
+          await admin.unsafe(`ALTER SYSTEM SET wal_level = 'logical'`)
         if (STATEMENTS_DIR !== undefined) {
           await admin.unsafe(`ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'`)
         }
@@ -331,6 +345,11 @@ main(() =>
         const viaKysely = byPipeline.get("txbox-kysely")
         if (hand && viaKysely)
           rows.push(["txbox-kysely / hand", ...viaKysely.map((v, i) => roundRatio(ratio(v, hand[i])))])
+        const viaWal = byPipeline.get("txbox-wal")
+        if (hand && viaWal)
+          rows.push(["txbox-wal / hand", ...viaWal.map((v, i) => roundRatio(ratio(v, hand[i])))])
+        if (txbox && viaWal)
+          rows.push(["txbox-wal / txbox", ...viaWal.map((v, i) => roundRatio(ratio(v, txbox[i])))])
         printTable(
           `${topology.relays} relay + ${topology.inboxes} inbox process(es), ${load === "max" ? "flat out" : `${load} msg/s offered`} for ${config.seconds} s, ` +
             `1 producer × ${config.connections} connections${config.rounds > 1 ? `; medians of ${config.rounds} runs` : ""}. ` +
@@ -467,7 +486,10 @@ async function runOnce(
         pipeline === "hand" ? "handRelayProcess.ts" : "relayProcess.ts",
         pipeline === "hand"
           ? { DB_URL: dbUrl, AMQP_URL: amqpUrl, EXCHANGE: exchange, STATS_MS: "1000" }
-          : defaultRelayEnv({ dbUrl, listenUrl: bench.url, amqpUrl, exchange }),
+          : {
+              ...defaultRelayEnv({ dbUrl, listenUrl: bench.url, amqpUrl, exchange }),
+              ...(pipeline === "txbox-wal" ? { SOURCE: "wal" } : {}),
+            },
       ),
     )
     children.push(...relays)
@@ -511,7 +533,7 @@ async function runOnce(
       ).catch((error: Error) => {
         throw new Error(`${error.message} (the inboxes report ${handledByStats()})`)
       })
-    const mode = pipeline === "hand" ? "hand" : pipeline === "txbox" ? "enqueue" : "enqueue-kysely"
+    const mode = pipeline === "hand" ? "hand" : pipeline === "txbox-kysely" ? "enqueue-kysely" : "enqueue"
     const rate = load === "max" ? 0 : load
     // An unmeasured producer run (its orders' run number is never 1), drained before the next step.
     let warmed = 0
@@ -736,6 +758,12 @@ async function runOnce(
       exchanges: [exchange],
     })
     await bouncer?.stop()
+    // A slot left behind would keep its WAL, and its database from being dropped.
+    if (pipeline === "txbox-wal") {
+      await sql`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active AND database = current_database()`
+        .execute(bench.db)
+        .catch(() => undefined)
+    }
     await bench.drop()
   }
 }

@@ -5,10 +5,12 @@
 //
 // env: DB_URL, LISTEN_URL (LISTEN straight to the database when DB_URL is a pooler), AMQP_URL, EXCHANGE,
 //      BATCH, WORKERS, LISTEN ("false" = polling only), POLL_MS,
-//      STATS_MS (default 1000); BATCH, WORKERS, LISTEN and POLL_MS unset or empty = the library's defaults
+//      STATS_MS (default 1000); BATCH, WORKERS, LISTEN and POLL_MS unset or empty = the library's defaults;
+//      SOURCE=wal: the relay reads the outbox's log (WalLog on LISTEN_URL, else DB_URL: a direct URL)
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import * as Relay from "../../src/Relay.ts"
 import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
+import * as WalLog from "../../src/storage/drivers/pg/walLog.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { onCommands } from "./childIo.ts"
 
@@ -22,6 +24,7 @@ const emit = (event: Record<string, unknown>) => {
   process.stdout.write(`${JSON.stringify(event)}\n`)
 }
 
+const wal = process.env.SOURCE === "wal"
 const runtime = ManagedRuntime.make(
   Layer.mergeAll(
     PgStore.layer({
@@ -31,6 +34,7 @@ const runtime = ManagedRuntime.make(
       ...(process.env.LISTEN ? { listen: process.env.LISTEN !== "false" } : {}),
     }),
     AmqpTransport.layer({ url: env("AMQP_URL"), exchange: env("EXCHANGE"), failFast: true }),
+    wal ? WalLog.layer({ url: process.env.LISTEN_URL || env("DB_URL") }) : Layer.empty,
   ),
 )
 await runtime.runPromise(Effect.void)
@@ -88,6 +92,7 @@ const start = async () => {
       ...(batchSize === undefined ? {} : { batchSize }),
       ...(workers === undefined ? {} : { workers }),
       ...(pollMs === undefined ? {} : { pollInterval: pollMs }),
+      ...(wal ? { source: "wal" as const } : {}),
     }).pipe(Scope.provide(scope)),
   )
   await report("stats")

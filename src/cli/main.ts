@@ -24,6 +24,7 @@ import * as purge from "./purge.ts"
 import * as reconcile from "./reconcile.ts"
 import * as status from "./status.ts"
 import * as topology from "./topology.ts"
+import * as wal from "./wal.ts"
 
 // package.json sits two levels up from both src/cli/main.ts and dist/cli/main.js.
 const version = (): string => {
@@ -58,6 +59,10 @@ const txbox = Command.make("txbox").pipe(
       description: "retention by dropping whole day partitions",
     },
     {
+      command: "txbox wal status",
+      description: "the WAL relay's slot: read or not, and the WAL it keeps",
+    },
+    {
       command: "txbox contracts check --old ./released/contracts.ts --new ./src/contracts.ts",
       description: "does the new contract module break old producers or consumers?",
     },
@@ -80,6 +85,7 @@ const txbox = Command.make("txbox").pipe(
     contracts.command,
     asyncapi.command,
     topology.command,
+    wal.command,
   ]),
 )
 

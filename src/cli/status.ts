@@ -2,9 +2,11 @@
 import { Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as opsSql from "../storage/sql/operations.ts"
+import { type WalSlot, walSlots } from "../storage/wal/slots.ts"
 import { connectionFlags, jsonFlag, withDatabase } from "./options.ts"
 import { oneLine, print, printJson, table } from "./output.ts"
 import { formatAge } from "./parse.ts"
+import { mib, running } from "./wal.ts"
 
 const COUNTS = ["PENDING", "DUE", "IN FLIGHT", "DEAD", "SENT", "LAG"]
 const RIGHT = ["left", "right", "right", "right", "right", "right", "right"] as const
@@ -36,6 +38,7 @@ export const render = (
   outbox: opsSql.OutboxStatus,
   inbox: ReadonlyArray<opsSql.InboxConsumerStatus>,
   keys: ReadonlyArray<opsSql.WaitingKey> = [],
+  slots: ReadonlyArray<WalSlot> = [],
 ): string => {
   const parts = [
     table([`OUTBOX (${schema})`, ...COUNTS], [["all", ...countCells(outbox.total, outbox.estimated)]], RIGHT),
@@ -89,6 +92,21 @@ export const render = (
       ),
     )
   }
+  if (slots.length > 0) {
+    parts.push(
+      table(
+        ["WAL SLOT", "READ", "RETAINED", "BEHIND", "WAL"],
+        slots.map((s) => [
+          s.slot,
+          s.active ? "yes" : "no",
+          mib(s.retained_bytes),
+          mib(s.behind_bytes),
+          s.wal_status ?? "-",
+        ]),
+        ["left", "left", "right", "right", "left"],
+      ),
+    )
+  }
   if (outbox.estimated || inbox.some((c) => c.processed === null))
     parts.push(
       "Large tables: sent and processed rows are estimated from the table statistics (~) or not counted (-); --exact-up-to raises the limit.",
@@ -114,15 +132,18 @@ export const command = Command.make(
         const outbox = yield* opsSql.outboxStatus(db, exactUpTo)
         const inbox = yield* opsSql.inboxStatus(db, exactUpTo)
         const keys = yield* opsSql.waitingKeys(db, KEYS_SHOWN)
-        if (json) return yield* printJson({ schema: db.schema, outbox, inbox, ordered_keys: keys })
-        yield* print(render(db.schema, outbox, inbox, keys))
+        // The WAL relay's slots (and any other logical slot of the database): the WAL each keeps.
+        const slots = yield* running("status.wal", () => walSlots(opsSql.runOn(db)))
+        if (json)
+          return yield* printJson({ schema: db.schema, outbox, inbox, ordered_keys: keys, wal_slots: slots })
+        yield* print(render(db.schema, outbox, inbox, keys, slots))
       }),
     ),
 ).pipe(
   Command.withDescription(
     "Outbox pending / due / in flight / dead / sent and lag (seconds the oldest due row has waited), " +
       "per type and tenant; inbox pending / processed / dead per consumer; ordered keys still waiting " +
-      "(the longest-waiting 20), with what holds each back",
+      "(the longest-waiting 20), with what holds each back; logical replication slots (the WAL relay's) and the WAL each keeps",
   ),
   Command.withShortDescription("Backlog, lag and dead rows, per type, tenant and consumer"),
 )

@@ -416,6 +416,9 @@ describe("relay config", () => {
     ["relay shard.of", { shard: { index: 0 } as never }],
     ["relay shard.index", { shard: { of: 3, index: 3 } }],
     ["relay shard.index", { shard: { of: 3, index: -1 } }],
+    ["relay source", { source: "tail" as never }],
+    ["relay shard", { source: "wal", shard: { of: 2, index: 0 } }],
+    ["relay sweepAfter", { source: "wal", sweepAfter: 10 }],
   ]
   for (const [field, config] of bad) {
     test(`a bad ${field} is a ConfigError naming it: ${JSON.stringify(config)}`, async () => {
@@ -453,6 +456,49 @@ describe("relay config", () => {
       ),
     )
     expect(caught).toContain("relay lease")
+  })
+})
+
+describe("source: wal", () => {
+  test("without an OutboxLog the relay is a ConfigError that says to provide WalLog.layer", async () => {
+    const outbox = await Effect.runPromise(MemoryOutboxStore.make())
+    const caught = await Effect.runPromise(
+      Layer.build(Relay.layer({ source: "wal" })).pipe(
+        Effect.scoped,
+        Effect.as("built"),
+        Effect.catchTag("ConfigError", (e) => Effect.succeed(e.message)),
+        Effect.provide(Layer.merge(MemoryOutboxStore.layer(outbox), MemoryTransport.layer())),
+      ),
+    )
+    expect(caught).toContain("WalLog.layer")
+  })
+
+  test("its polling loop is a sweep: the rows the log leaves, and no others", async () => {
+    const c = await Effect.runPromise(Relay.resolveConfig({ source: "wal", sweepAfter: "3 seconds" }))
+    expect([c.source, c.shard]).toEqual(["wal", { sweepAfterMs: 3000 }])
+    const polling = await Effect.runPromise(Relay.resolveConfig({}))
+    expect([polling.source, polling.shard]).toEqual(["poll", undefined])
+  })
+
+  test("the memory store's sweep share: delayed, retried or old pending rows, never a fresh one", async () => {
+    const outbox = await Effect.runPromise(MemoryOutboxStore.make())
+    const share = { sweepAfterMs: 5000 }
+    const ids = await Effect.runPromise(
+      Effect.gen(function* () {
+        const now = yield* TestClockNow
+        yield* outbox.enqueue([
+          { id: "fresh", type: "t" },
+          { id: "delayed", type: "t", visibleAt: now + 1000 },
+        ])
+        yield* TestClock.adjust(1500)
+        const first = yield* outbox.store.claim(10, 60_000, share)
+        yield* TestClock.adjust(5000)
+        const second = yield* outbox.store.claim(10, 60_000, share)
+        return [first.rows.map((r) => r.id), second.rows.map((r) => r.id)]
+      }).pipe(Effect.provide(TestClock.layer())),
+    )
+    // The delayed one once due; the fresh one only once left pending past sweepAfter.
+    expect(ids).toEqual([["delayed"], ["fresh"]])
   })
 })
 

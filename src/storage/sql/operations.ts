@@ -11,6 +11,7 @@
  */
 import { Effect } from "effect"
 import {
+  CompiledQuery,
   type Expression,
   type ExpressionBuilder,
   expressionBuilder,
@@ -35,6 +36,12 @@ export const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<
   Effect.tryPromise({ try: f, catch: (cause) => classifyDbError(operation, cause) }).pipe(
     Effect.withSpan(`txbox.${operation}`),
   )
+
+/** Statements given as text (`storage/wal/slots.ts`'s), run on the database's Kysely. */
+export const runOn =
+  (db: DatabaseShape) =>
+  <R>(text: string, params: ReadonlyArray<unknown> = []): Promise<ReadonlyArray<R>> =>
+    db.db.executeQuery(CompiledQuery.raw(text, [...params])).then((r) => r.rows as ReadonlyArray<R>)
 
 /** txbox's tables in the configured schema (CTE names are left unqualified by `withSchema`). */
 export const tables = (db: DatabaseShape) => (db.db as Kysely<TxboxDatabase>).withSchema(db.schema)

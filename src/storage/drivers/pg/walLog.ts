@@ -32,6 +32,7 @@ import {
 } from "../../../ports/OutboxLog.ts"
 import { LogReader } from "../../wal/logReader.ts"
 import { statusUpdate } from "../../wal/pgoutput.ts"
+import { defaultSlot, setUpWal, WAL_NAME } from "../../wal/slots.ts"
 import { validUrl } from "../shared/postgresConnection.ts"
 
 /** The settings of `WalLog.layer`. */
@@ -71,22 +72,19 @@ interface Resolved {
   readonly timeoutSeconds: number
 }
 
-/** A slot's or a publication's name: PostgreSQL's rule for slots (lower case, digits, `_`), at most 63. */
-const NAME = /^[a-z0-9_]{1,63}$/
-
 const resolve = (c: WalLogConfig): Effect.Effect<Resolved, ConfigError> =>
   config.validateConfig(() => {
     const schema = validateSchemaName(c.schema ?? "txbox")
-    const slot = c.slot ?? (schema === "txbox" ? "txbox_outbox" : `txbox_${schema.toLowerCase()}_outbox`)
+    const slot = c.slot ?? defaultSlot(schema)
     config.check(
-      typeof slot === "string" && NAME.test(slot),
+      typeof slot === "string" && WAL_NAME.test(slot),
       "wal slot",
       "must be 1..63 of a-z, 0-9, _",
       slot,
     )
     const publication = c.publication ?? slot
     config.check(
-      typeof publication === "string" && NAME.test(publication),
+      typeof publication === "string" && WAL_NAME.test(publication),
       "wal publication",
       "must be 1..63 of a-z, 0-9, _",
       publication,
@@ -107,7 +105,6 @@ const resolve = (c: WalLogConfig): Effect.Effect<Resolved, ConfigError> =>
 /** SQLSTATEs the reader acts on. */
 const SLOT_IN_USE = "55006"
 const SLOT_MISSING = "42704"
-const ALREADY_EXISTS = "42710"
 
 const codeOf = (error: unknown): string | undefined => {
   const code = (error as { code?: unknown } | undefined)?.code
@@ -116,72 +113,12 @@ const codeOf = (error: unknown): string | undefined => {
 const messageOf = (error: unknown): string =>
   redactUrls(error instanceof Error ? error.message : String(error))
 
-/** A status update this often while reading, whatever the server asks: it is how the slot moves on while idle. */
-const STATUS_EVERY_MS = 5_000
-
 /**
- * The server's checks and the objects the reader needs, created when missing (with `create`).
- * What the server lacks is a `ConfigError`; anything else (a connection lost) is thrown as it is.
+ * A status update this often while reading (or every heartbeat, when sooner), whatever the server
+ * asks: it is how the slot moves on while idle. The heartbeat is a logical decoding message, which
+ * the stream carries (`messages 'true'`, PostgreSQL 14 and later) with the server's WAL end.
  */
-const setUp = async (admin: pg.Pool, c: Resolved): Promise<void> => {
-  const level = (await admin.query<{ wal_level: string }>("SHOW wal_level")).rows[0]?.wal_level
-  if (level !== "logical") {
-    throw new ConfigError({
-      reason:
-        `the WAL relay needs wal_level = logical, and the server has ${level}: ` +
-        "ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL",
-    })
-  }
-  const role = await admin.query<{ ok: boolean; name: string }>(
-    "SELECT rolreplication OR rolsuper AS ok, rolname AS name FROM pg_roles WHERE rolname = current_user",
-  )
-  if (role.rows[0]?.ok !== true) {
-    throw new ConfigError({
-      reason: `the WAL relay's role ${role.rows[0]?.name ?? "?"} needs REPLICATION: ALTER ROLE ${role.rows[0]?.name ?? "<role>"} REPLICATION`,
-    })
-  }
-  const publication = await admin.query("SELECT 1 FROM pg_publication WHERE pubname = $1", [c.publication])
-  if (publication.rowCount === 0) {
-    if (!c.create) {
-      throw new ConfigError({
-        reason: `publication ${c.publication} does not exist: create it with txbox wal create, or let WalLog.layer create it (create: true)`,
-      })
-    }
-    // Inserts only: the relay publishes new rows. Through the partitioned table's root, so every
-    // day partition made later is in it, and the rows arrive as the root's.
-    await ignoreExisting(
-      admin.query(
-        `CREATE PUBLICATION "${c.publication}" FOR TABLE "${c.schema}".outbox WITH (publish = 'insert', publish_via_partition_root = true)`,
-      ),
-    )
-  }
-  const slot = await admin.query<{ plugin: string | null; database: string | null }>(
-    "SELECT plugin, database FROM pg_replication_slots WHERE slot_name = $1",
-    [c.slot],
-  )
-  const found = slot.rows[0]
-  if (found === undefined) {
-    if (!c.create) {
-      throw new ConfigError({
-        reason: `replication slot ${c.slot} does not exist: create it with txbox wal create, or let WalLog.layer create it (create: true)`,
-      })
-    }
-    await ignoreExisting(admin.query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", [c.slot]))
-  } else if (found.plugin !== "pgoutput") {
-    throw new ConfigError({
-      reason: `replication slot ${c.slot} is not a pgoutput logical slot (plugin ${found.plugin ?? "none: physical"}); give WalLog another slot name`,
-    })
-  }
-}
-
-/** Another process created it first: as good. */
-const ignoreExisting = (query: Promise<unknown>): Promise<void> =>
-  query.then(
-    () => undefined,
-    (error) => {
-      if (codeOf(error) !== ALREADY_EXISTS) throw error
-    },
-  )
+const STATUS_EVERY_MS = 5_000
 
 /**
  * `START_REPLICATION` as node-postgres's `Submittable`: the client hands it every message of its
@@ -294,12 +231,12 @@ const openSession = (
       shared.write = (bytes) => connection.sendCopyFromChunk(Buffer.from(bytes))
       client.query(
         new ReplicationQuery(
-          `START_REPLICATION SLOT "${c.slot}" LOGICAL 0/0 (proto_version '1', publication_names '"${c.publication}"')`,
+          `START_REPLICATION SLOT "${c.slot}" LOGICAL 0/0 (proto_version '1', publication_names '"${c.publication}"', messages 'true')`,
           onData,
           end,
         ) as unknown as pg.QueryConfig,
       )
-      timer = setInterval(sendStatus, STATUS_EVERY_MS)
+      timer = setInterval(sendStatus, Math.min(STATUS_EVERY_MS, c.heartbeatMs))
     }, end)
     return Effect.sync(() => end())
   })
@@ -352,7 +289,9 @@ export const make = (walConfig: WalLogConfig): Effect.Effect<OutboxLogShape, Con
     yield* Effect.addFinalizer(() => Effect.promise(() => admin.end().catch(() => undefined)))
 
     // What the server lacks fails the layer now; a server that cannot be reached is tried again by the reader.
-    const setUpOnce = Effect.tryPromise({ try: () => setUp(admin, c), catch: (error) => error })
+    const run = <R>(text: string, params?: ReadonlyArray<unknown>) =>
+      admin.query(text, params as unknown[] | undefined).then((r) => r.rows as ReadonlyArray<R>)
+    const setUpOnce = Effect.tryPromise({ try: () => setUpWal(run, c, c.create), catch: (error) => error })
     let ready = yield* setUpOnce.pipe(
       Effect.as(true),
       Effect.catch((error) =>
