@@ -68,6 +68,14 @@ export interface RelayConfig {
    * sweep instead (its reader away: a standby, a restart, a slot lost). @default "10 seconds"
    */
   readonly sweepAfter?: Duration.Input
+  /**
+   * With `source: "wal"`: the shortest time from one batch's start to the next (twice that while
+   * batches hold under 40 rows). Under load a batch is what committed meanwhile, so batches grow
+   * with the rate instead of their number (each costs a publish, a confirm, a settle); the first
+   * commit after a quiet spell goes at once. Lower it for latency, raise it for cost per message.
+   * @default "25 millis" (the polling relay's cadence under load)
+   */
+  readonly batchEvery?: Duration.Input
   /** Per-message retries, persisted in `visible_at`. @default defaultRetryPolicy */
   readonly retry?: Partial<RetryPolicy>
   /** Backoff of the whole loop while the database or broker is unreachable. @default 100 ms doubling to 10 s, jittered */
@@ -156,6 +164,8 @@ export interface ResolvedRelayConfig extends RelaySettings {
   readonly pollMs: number
   /** `RelayConfig.source`. */
   readonly source: "poll" | "wal"
+  /** `RelayConfig.batchEvery`, in ms. */
+  readonly batchEveryMs: number
   /** `RelayConfig.retention` in seconds and ms, with its defaults; undefined when off. */
   readonly retention:
     | { readonly olderThanSeconds: number; readonly everyMs: number; readonly batchSize: number }
@@ -223,6 +233,7 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
     const sweepAfterMs = config.millis("relay sweepAfter", c.sweepAfter, "10 seconds", { minMs: 100 })
     return {
       source,
+      batchEveryMs: config.millis("relay batchEvery", c.batchEvery, "25 millis", { minMs: 0, maxMs: 10_000 }),
       batchSize: config.integer("relay batchSize", c.batchSize, 1000, 1, 50_000),
       workers: config.integer("relay workers", c.workers, 1, 1, 64),
       leaseMs,
@@ -319,7 +330,9 @@ export const make = (
     }
     for (let i = 0; i < c.workers; i++) yield* Effect.forkScoped(runLeaseLoop(loop))
     if (log !== undefined) {
-      yield* Effect.forkScoped(runWalLoop(log.log, log.settle, transport, c, counters, makeLoopState()))
+      yield* Effect.forkScoped(
+        runWalLoop(log.log, log.settle, transport, c, counters, makeLoopState(), c.batchEveryMs),
+      )
       yield* Effect.forkScoped(
         Effect.repeat(
           Effect.flatMap(log.log.status, (status) =>

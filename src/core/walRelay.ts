@@ -31,6 +31,9 @@ import { publishFailure, verdictFor } from "./verdict.ts"
 export const publishesAtOnce = (row: OutboxLogRow): boolean =>
   row.status === "pending" && row.attempts === 0 && row.visibleAt.getTime() <= row.occurredAt.getTime()
 
+/** Batches under this many rows start twice `batchEvery` apart (the polling relay's FEW_ROWS). */
+const FEW_ROWS = 40
+
 type Settle = (marks: ReadonlyArray<OutboxMark>) => Effect.Effect<number, StoreError>
 
 /** One batch of the log: publish what is the relay's, settle it, confirm the position. */
@@ -89,12 +92,32 @@ export const runWalLoop = (
   s: RelaySettings,
   counters: RelayCounters,
   state: LoopState,
+  batchEveryMs: number,
 ): Effect.Effect<never> => {
   const batch = walBatch(log, settle, transport, s, counters)
+  // Batches start batchEveryMs apart at most (twice that while they are small, as the polling
+  // relay's looks): under load a batch is what came in meanwhile, so batches grow with the rate
+  // instead of their number (a publish, a confirm, a settle and a status update each); the first
+  // commit after a quiet spell goes at once.
+  let lastStart = Number.NEGATIVE_INFINITY
+  let lastRows = 0
+  const spaced = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+    const wait = lastStart + (lastRows < FEW_ROWS ? 2 * batchEveryMs : batchEveryMs) - now
+    return wait > 0 ? Effect.sleep(wait) : Effect.void
+  })
+  const taken = Effect.andThen(Effect.andThen(spaced, log.take(s.batchSize)), (batch) =>
+    Effect.as(
+      Effect.map(Clock.currentTimeMillis, (now) => {
+        lastStart = now
+        lastRows = batch.rows.length
+      }),
+      batch,
+    ),
+  )
   // While the broker is away the log is left alone: what it holds waits there, confirmed later.
   const cycle = Effect.flatMap(transport.isConnected, (connected) =>
     connected
-      ? Effect.flatMap(log.take(s.batchSize), (taken) => Effect.uninterruptible(batch(taken)))
+      ? Effect.flatMap(taken, (rows) => Effect.uninterruptible(batch(rows)))
       : Effect.fail(
           new TransportError({
             reason: "connection",

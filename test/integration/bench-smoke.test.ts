@@ -64,6 +64,7 @@ describe("bench scripts --quick", () => {
     "profile",
     "builder",
     "retention",
+    "idle",
   ]) {
     test(name, async () => {
       const { code, output } = await runQuick(name)
@@ -72,6 +73,23 @@ describe("bench scripts --quick", () => {
       expectResult(name)
     }, 240_000)
   }
+
+  // The WAL relay's pipeline in cost.ts: its own server settings (wal_level, synchronous_commit) and the slot dropped after.
+  test("cost, txbox-wal", async () => {
+    const { code, output } = await runQuick("cost", [
+      "--pipelines",
+      "txbox-wal",
+      "--loads",
+      "max",
+      "--topologies",
+      "1+1",
+      "--sync-commit",
+      "on",
+    ])
+    if (code !== 0) console.error(output)
+    expect(code).toBe(0)
+    expectResult("cost")
+  }, 240_000)
 
   // all.ts runs the others; one of them is enough to check the orchestration and the combined summary.
   test("all (orchestration, with --only)", async () => {

@@ -154,6 +154,12 @@ export interface SoakOptions {
    */
   readonly rabbitCluster?: boolean
   /**
+   * The relays' source: `"wal"` runs every relay with `source: "wal"` (WalLog on the soak's
+   * PostgreSQL, started with wal_level = logical; one reads the slot, the other stands by, both
+   * sweep). Only with a PostgreSQL the soak starts itself. @default "poll" (the library's default)
+   */
+  readonly relaySource?: "poll" | "wal"
+  /**
    * Partitions made and dropped while the load runs (`churnPartitions`). Off: the tables stay as the
    * relays and inboxes keep them (day partitions), for a comparison. @default true
    */
@@ -372,6 +378,11 @@ export const rabbitClusterRefusal = (options: Pick<SoakOptions, "services">): st
 }
 
 async function resolveServers(options: SoakOptions): Promise<Servers> {
+  if (options.relaySource === "wal" && options.services) {
+    throw new Error(
+      "--relay-source wal starts a PostgreSQL of its own (wal_level = logical): not with services",
+    )
+  }
   if (options.rabbitCluster) {
     const refusal = rabbitClusterRefusal(options)
     if (refusal !== undefined) throw new Error(refusal)
@@ -392,7 +403,12 @@ async function resolveServers(options: SoakOptions): Promise<Servers> {
   const envDb = process.env.TXBOX_TEST_DATABASE_URL
   const envAmqp = process.env.TXBOX_TEST_AMQP_URL
   const [pg, rabbit, cluster] = await Promise.allSettled([
-    envDb ? Promise.resolve(undefined) : startLocalPostgres({ name: "soak" }),
+    envDb && options.relaySource !== "wal"
+      ? Promise.resolve(undefined)
+      : startLocalPostgres({
+          name: "soak",
+          ...(options.relaySource === "wal" ? { settings: ["wal_level = logical"] } : {}),
+        }),
     envAmqp || options.rabbitCluster ? Promise.resolve(undefined) : startLocalRabbit(),
     options.rabbitCluster ? startRabbitCluster() : Promise.resolve(undefined),
   ])
@@ -438,6 +454,7 @@ interface Resolved {
   readonly seed: number
   readonly rate: number
   readonly relayWorkers: number | undefined
+  readonly relaySource: "poll" | "wal"
   readonly drainTimeoutMs: number
   readonly lostAckFraction: number
 }
@@ -561,6 +578,7 @@ class Run {
       "ROLLBACK_FRACTION",
       "PRODUCER",
       "RELAY_WORKERS",
+      "RELAY_SOURCE",
       "PAID_FRACTION",
       "CONSUMER",
       "TYPES",
@@ -575,6 +593,7 @@ class Run {
       EXCHANGE: exchange,
       ...(cfg.driver === undefined ? {} : { DRIVER: cfg.driver }),
       ...(cfg.relayWorkers === undefined ? {} : { RELAY_WORKERS: String(cfg.relayWorkers) }),
+      ...(cfg.relaySource === "wal" ? { RELAY_SOURCE: "wal" } : {}),
     }
     const slot = (role: Role, name: string, consumer?: SoakConsumer): Slot => ({
       role,
@@ -1251,6 +1270,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     seed: options.seed ?? randomBytes(4).readUInt32LE(0),
     rate: options.rate ?? 25,
     relayWorkers: options.relayWorkers,
+    relaySource: options.relaySource ?? "poll",
     drainTimeoutMs: options.drainTimeoutMs ?? 180_000,
     lostAckFraction: options.lostAckFraction ?? 0.0003,
   }
@@ -1266,6 +1286,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     `[soak] driver ${driverLabel(cfg.driver)}, runtime ${cfg.runtime}, mode ${cfg.mode}, ` +
       `${options.rabbitCluster ? "RabbitMQ three-node cluster, " : ""}` +
       `${cfg.relayWorkers === undefined ? "" : `relay workers ${cfg.relayWorkers}, `}` +
+      `${cfg.relaySource === "wal" ? "relays reading the WAL, " : ""}` +
       `load ${loadMs / 1000} s, seed ${cfg.seed}; logs in ${logDir}`,
   )
 
@@ -1718,7 +1739,10 @@ export function resultJson(r: SoakResult): string {
 const USAGE =
   "usage: bun test/soak/soak.ts --minutes N [--driver pg|postgres.js|default] [--runtime bun|node|deno]\n" +
   "         [--mode idempotent|store-then-process] [--seed N] [--rate TX_PER_S] [--drain-timeout SECONDS]\n" +
-  "         [--lost-ack-fraction F] [--relay-workers N] [--rabbit-cluster] [--no-partition-churn] [--keep-logs]\n" +
+  "         [--lost-ack-fraction F] [--relay-workers N] [--rabbit-cluster] [--relay-source poll|wal]\n" +
+  "         [--no-partition-churn] [--keep-logs]\n" +
+  '  --relay-source wal  every relay reads the WAL (source: "wal"; PostgreSQL started here with\n' +
+  "                      wal_level = logical): one reads the slot, the other stands by, both sweep\n" +
   "  --no-partition-churn  leave the partitions to the relays and inboxes (no 60 s partitions made and dropped)\n" +
   "  --rabbit-cluster  a three-node RabbitMQ cluster instead of one node: every relay and consumer gets\n" +
   "                    the three URLs, and a fault kind rabbitNodeKill SIGKILLs one node and boots it again\n" +
@@ -1735,6 +1759,7 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
   let drainTimeoutMs: number | undefined
   let lostAckFraction: number | undefined
   let relayWorkers: number | undefined
+  let relaySource: "poll" | "wal" = "poll"
   let keepLogs = false
   let rabbitCluster = false
   let partitionChurn = true
@@ -1794,6 +1819,12 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
       case "--keep-logs":
         keepLogs = true
         break
+      case "--relay-source": {
+        const v = value()
+        if (v !== "poll" && v !== "wal") throw new Error(`--relay-source must be poll or wal, got ${v}`)
+        relaySource = v
+        break
+      }
       case "--rabbit-cluster":
         rabbitCluster = true
         break
@@ -1818,6 +1849,7 @@ export function parseArgs(argv: ReadonlyArray<string>): SoakOptions {
     ...(drainTimeoutMs === undefined ? {} : { drainTimeoutMs }),
     ...(lostAckFraction === undefined ? {} : { lostAckFraction }),
     ...(relayWorkers === undefined ? {} : { relayWorkers }),
+    ...(relaySource === "wal" ? { relaySource } : {}),
   }
 }
 
