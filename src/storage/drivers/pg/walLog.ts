@@ -162,13 +162,6 @@ interface Shared {
   write: ((bytes: Uint8Array) => void) | undefined
   /** The batch waiting for rows, if any. */
   waiter: (() => void) | undefined
-  /**
-   * Stops and starts reading the stream's socket, while a stream is up. Between batches the
-   * socket is not read: the server's frames wait in the kernel's buffer and the next batch reads
-   * them at once, instead of waking the process for every commit.
-   */
-  pause: (() => void) | undefined
-  resume: (() => void) | undefined
 }
 
 /**
@@ -200,8 +193,6 @@ const openSession = (
       streamed ||= shared.reading
       shared.reading = false
       shared.write = undefined
-      shared.pause = undefined
-      shared.resume = undefined
       if (timer !== undefined) clearInterval(timer)
       client.end().catch(() => undefined)
       resume(Effect.succeed({ error, streamed }))
@@ -229,7 +220,6 @@ const openSession = (
           connection: {
             sendCopyFromChunk: (b: Uint8Array) => void
             once: (e: string, f: () => void) => void
-            stream: { pause: () => void; resume: () => void }
           }
         }
       ).connection
@@ -239,8 +229,6 @@ const openSession = (
         sendStatus()
       })
       shared.write = (bytes) => connection.sendCopyFromChunk(Buffer.from(bytes))
-      shared.pause = () => connection.stream.pause()
-      shared.resume = () => connection.stream.resume()
       client.query(
         new ReplicationQuery(
           `START_REPLICATION SLOT "${c.slot}" LOGICAL 0/0 (proto_version '1', publication_names '"${c.publication}"', messages 'true')`,
@@ -324,8 +312,6 @@ export const make = (walConfig: WalLogConfig): Effect.Effect<OutboxLogShape, Con
       lastError: undefined,
       write: undefined,
       waiter: undefined,
-      pause: undefined,
-      resume: undefined,
     }
     const sendStatus = () => shared.write?.(statusUpdate(reader.flushPosition, Date.now()))
 
@@ -375,32 +361,21 @@ export const make = (walConfig: WalLogConfig): Effect.Effect<OutboxLogShape, Con
     const measure = measureSlot(admin, c, shared)
     yield* Effect.forkScoped(Effect.forever(Effect.andThen(measure, Effect.sleep(c.heartbeatMs))))
 
-    // A batch taken pauses the socket until the next take (`Shared.pause`). The frames read on
-    // resuming arrive in one go; the batch is taken once they are in (setImmediate: after this
-    // turn's I/O), not at the first commit among them.
     const take = (maxRows: number) =>
       Effect.callback<OutboxLogBatch>((resume) => {
-        let waiting = true
+        const now = reader.take(maxRows)
+        if (now !== undefined) {
+          resume(Effect.succeed(now))
+          return
+        }
         const wake = () => {
-          if (shared.waiter !== wake) return
+          const batch = reader.take(maxRows)
+          if (batch === undefined) return
           shared.waiter = undefined
-          setImmediate(() => {
-            if (!waiting) return
-            const batch = reader.take(maxRows)
-            if (batch === undefined) {
-              shared.waiter = wake
-              return
-            }
-            waiting = false
-            shared.pause?.()
-            resume(Effect.succeed(batch))
-          })
+          resume(Effect.succeed(batch))
         }
         shared.waiter = wake
-        shared.resume?.()
-        if (reader.ready) wake()
         return Effect.sync(() => {
-          waiting = false
           if (shared.waiter === wake) shared.waiter = undefined
         })
       })
