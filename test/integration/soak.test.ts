@@ -338,14 +338,18 @@ describe("soak: real processes under faults, judged from the tables", () => {
   let pg: LocalPostgres | undefined
   let rabbit: LocalRabbit | undefined
   beforeAll(async () => {
-    ;[pg, rabbit] = await Promise.all([startLocalPostgres({ name: "soak-tests" }), startLocalRabbit()])
+    // wal_level = logical for the run whose relays read the WAL; the others do not notice it.
+    ;[pg, rabbit] = await Promise.all([
+      startLocalPostgres({ name: "soak-tests", settings: ["wal_level = logical"] }),
+      startLocalRabbit(),
+    ])
   }, 120_000)
   afterAll(async () => {
     await Promise.all([pg?.stop(), rabbit?.stop()])
   }, 60_000)
 
   const soak = async (
-    options: Pick<SoakOptions, "driver" | "runtime" | "relayWorkers" | "rate">,
+    options: Pick<SoakOptions, "driver" | "runtime" | "relayWorkers" | "rate" | "relaySource">,
   ): Promise<SoakResult> => {
     const result = await runSoak({
       minutes: LOAD_MINUTES,
@@ -454,6 +458,16 @@ describe("soak: real processes under faults, judged from the tables", () => {
       const r = await soak({ runtime: "bun", relayWorkers: 2, rate: 40 })
       expect(r.counts!.events).toBeGreaterThanOrEqual(200 * 20)
       expectExactlyOnce(r)
+    },
+    RUN_TIMEOUT_MS,
+  )
+
+  // Issue #27: both relay processes with source "wal" (one reads the slot, the other stands by and
+  // takes over when the reader is SIGKILLed; both sweep), under the same faults.
+  test(
+    "relays reading the WAL (default driver, Bun): exactly once under every fault",
+    async () => {
+      expectExactlyOnce(await soak({ runtime: "bun", relaySource: "wal" }))
     },
     RUN_TIMEOUT_MS,
   )

@@ -462,6 +462,34 @@ describe("txbox wal and txbox status", () => {
 })
 
 describe("WalLog.layer's checks", () => {
+  test("a slot name another database's outbox holds is a ConfigError: slot names are the cluster's", async () => {
+    // This database's slot (made here if no test before made it).
+    await Effect.runPromise(Effect.scoped(WalLog.make({ url: server.url })))
+    await sql`CREATE DATABASE other_app`.execute(db)
+    const url = new URL(server.url)
+    url.pathname = "/other_app"
+    const other = postgres(url.toString(), { max: 1, onnotice: () => {} })
+    try {
+      await Effect.runPromise(
+        migrate(new Kysely({ dialect: new PostgresJSDialect({ postgres: other }) }), {}),
+      )
+      const exit = await Effect.runPromiseExit(Effect.scoped(WalLog.make({ url: url.toString() })))
+      const reason = Exit.isFailure(exit) ? exit.cause.reasons[0] : undefined
+      const failure = reason !== undefined && "error" in reason ? reason.error : undefined
+      expect(failure).toBeInstanceOf(ConfigError)
+      expect(String((failure as ConfigError).message)).toContain("belongs to database postgres")
+      // With a name of its own it is set up.
+      const own = await Effect.runPromiseExit(
+        Effect.scoped(WalLog.make({ url: url.toString(), slot: "other_app_outbox" })),
+      )
+      expect(Exit.isSuccess(own)).toBe(true)
+    } finally {
+      await other.end({ timeout: 2 })
+      await sql`SELECT pg_drop_replication_slot('other_app_outbox')`.execute(db).catch(() => undefined)
+      await sql`DROP DATABASE other_app WITH (FORCE)`.execute(db)
+    }
+  })
+
   test("a server without wal_level = logical is a ConfigError that says what to set", async () => {
     const exit = await Effect.runPromiseExit(Effect.scoped(WalLog.make({ url: databaseUrl() })))
     expect(Exit.isFailure(exit)).toBe(true)

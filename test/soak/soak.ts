@@ -156,7 +156,7 @@ export interface SoakOptions {
   /**
    * The relays' source: `"wal"` runs every relay with `source: "wal"` (WalLog on the soak's
    * PostgreSQL, started with wal_level = logical; one reads the slot, the other stands by, both
-   * sweep). Only with a PostgreSQL the soak starts itself. @default "poll" (the library's default)
+   * sweep). With `services`, theirs must run with wal_level = logical. @default "poll" (the library's default)
    */
   readonly relaySource?: "poll" | "wal"
   /**
@@ -378,11 +378,6 @@ export const rabbitClusterRefusal = (options: Pick<SoakOptions, "services">): st
 }
 
 async function resolveServers(options: SoakOptions): Promise<Servers> {
-  if (options.relaySource === "wal" && options.services) {
-    throw new Error(
-      "--relay-source wal starts a PostgreSQL of its own (wal_level = logical): not with services",
-    )
-  }
   if (options.rabbitCluster) {
     const refusal = rabbitClusterRefusal(options)
     if (refusal !== undefined) throw new Error(refusal)
@@ -1573,6 +1568,12 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
       const serverStops = servers.postgres !== undefined && options.services === undefined
       if (!serverStops && failures.length === 0) {
         const admin = postgres(servers.databaseUrl, { max: 1, onnotice: () => {} })
+        // A WAL relay's slot keeps its database from being dropped (and its WAL from going).
+        await admin
+          .unsafe(
+            `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '${dbName}' AND NOT active`,
+          )
+          .catch(() => {})
         await admin
           .unsafe(`DROP DATABASE IF EXISTS "${dbName}" WITH (FORCE)`)
           .catch(() => {})

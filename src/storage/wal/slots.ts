@@ -79,13 +79,19 @@ export const setUpWal = async (run: Run, names: WalNames, create: boolean): Prom
     )
   }
   const found = (
-    await run<{ plugin: string | null }>("SELECT plugin FROM pg_replication_slots WHERE slot_name = $1", [
-      slot,
-    ])
+    await run<{ plugin: string | null; database: string | null; here: boolean }>(
+      "SELECT plugin, database, database = current_database() AS here FROM pg_replication_slots WHERE slot_name = $1",
+      [slot],
+    )
   )[0]
   if (found === undefined) {
     if (!create) throw missing(`replication slot ${slot}`)
     await ignoreExisting(run("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", [slot]))
+  } else if (found.here !== true) {
+    // Slot names are the cluster's: another database's outbox has this one.
+    throw new ConfigError({
+      reason: `replication slot ${slot} belongs to database ${found.database ?? "(none: physical)"}: give WalLog a slot name of its own for this one`,
+    })
   } else if (found.plugin !== "pgoutput") {
     throw new ConfigError({
       reason: `replication slot ${slot} is not a pgoutput logical slot (plugin ${found.plugin ?? "none: physical"}); give WalLog another slot name`,
