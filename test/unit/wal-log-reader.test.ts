@@ -199,6 +199,23 @@ describe("LogReader", () => {
     expect(reader.flushPosition).toBe(120n)
   })
 
+  test("a reply the server waits on (its shutdown) confirms all it sent, whatever is in flight", () => {
+    const reader = new LogReader("txbox.outbox")
+    reader.feed(relation(1, "txbox", "outbox"))
+    reader.feed(begin())
+    reader.feed(insert(1, row("a")))
+    reader.feed(commit(90n))
+    reader.take(10)
+    expect(reader.feed(keepalive(150n, false))).toBeUndefined()
+    expect(reader.flushPosition).toBe(0n) // handed out, not confirmed
+    expect(reader.feed(keepalive(160n, true))).toBe("reply")
+    reader.confirmAll()
+    expect(reader.flushPosition).toBe(160n)
+    // The batch confirmed later moves nothing back.
+    reader.confirm(90n)
+    expect(reader.flushPosition).toBe(160n)
+  })
+
   test("a new connection drops what was read and not taken: the server sends it again", () => {
     const reader = new LogReader("txbox.outbox")
     reader.feed(relation(1, "txbox", "outbox"))

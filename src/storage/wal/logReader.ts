@@ -102,6 +102,17 @@ export class LogReader {
     return { rows, position }
   }
 
+  /**
+   * The server asked for a reply and waits on it: everything it sent counts as done. PostgreSQL
+   * asks when it shuts down (its WAL senders wait until their clients confirmed all they were
+   * sent, and a relay that cannot settle while the database goes down would hold the shutdown for
+   * as long as its retries last), or when it heard nothing for half its `wal_sender_timeout`. What
+   * was read and not settled is still pending in the outbox: the relay's sweep publishes it.
+   */
+  confirmAll(): void {
+    if (this.walEnd > this.confirmed) this.confirmed = this.walEnd
+  }
+
   /** A batch up to `position` is settled. */
   confirm(position: bigint): void {
     if (position > this.confirmed) this.confirmed = position

@@ -17,7 +17,7 @@
  * own (node-postgres's `Submittable`) receives the CopyData frames, and status updates go back
  * as CopyData.
  */
-import { type Duration, Effect, Layer, type Redacted, type Scope } from "effect"
+import { Cause, type Duration, Effect, Layer, type Redacted, type Scope } from "effect"
 import type pg from "pg"
 import * as config from "../../../core/config.ts"
 import { validateSchemaName } from "../../../core/identifier.ts"
@@ -206,8 +206,11 @@ const openSession = (
       }
       try {
         const what = reader.feed(chunk)
-        if (what === "reply") sendStatus()
-        else if (what === "rows") shared.waiter?.()
+        if (what === "reply") {
+          // PostgreSQL waits on this reply when it shuts down: see `LogReader.confirmAll`.
+          reader.confirmAll()
+          sendStatus()
+        } else if (what === "rows") shared.waiter?.()
       } catch (error) {
         end(error)
       }
@@ -356,7 +359,7 @@ export const make = (walConfig: WalLogConfig): Effect.Effect<OutboxLogShape, Con
         failures = Math.min(failures + 1, 8)
       }
     })
-    yield* Effect.forkScoped(readLoop)
+    yield* Effect.forkScoped(restartingAfterDefects(readLoop))
 
     const measure = measureSlot(admin, c, shared)
     yield* Effect.forkScoped(Effect.forever(Effect.andThen(measure, Effect.sleep(c.heartbeatMs))))
@@ -397,6 +400,22 @@ export const make = (walConfig: WalLogConfig): Effect.Effect<OutboxLogShape, Con
     )
     return { take, confirm, status } satisfies OutboxLogShape
   })
+
+/**
+ * A defect in the loop (a bug of ours or the driver's) must not end the reading for good: logged,
+ * and the loop starts again a second later.
+ */
+const restartingAfterDefects = (loop: Effect.Effect<never>): Effect.Effect<never> =>
+  Effect.forever(
+    Effect.catchCause(loop, (cause) =>
+      Cause.hasInterruptsOnly(cause)
+        ? Effect.failCause(cause)
+        : Effect.andThen(
+            Effect.logError("wal: the reader died (a bug); starting it again", cause),
+            Effect.sleep(1000),
+          ),
+    ),
+  )
 
 /** 200 ms doubling to 10 s. */
 const backoff = (failures: number): number => Math.min(10_000, 200 * 2 ** failures)
