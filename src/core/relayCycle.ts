@@ -179,6 +179,23 @@ export const publishing = (transport: TransportShape, counters: RelayCounters) =
   return { publish, tombstones, settled }
 }
 
+/**
+ * A write of verdicts for published rows (the polling relay's mark, the WAL relay's settle): retried
+ * for a while, since the rows are confirmed and only the record is missing. If the database stays
+ * away past half the lease the rows come due again and are published twice: at least once, not lost.
+ */
+export const retriedWrite = (s: RelaySettings) => {
+  // Built once: a schedule is a value, and the write runs every cycle.
+  const outage = schedule(s.outage)
+  return <A>(operation: string, write: Effect.Effect<A, StoreError>): Effect.Effect<A, StoreError> =>
+    write.pipe(
+      bounded(operation, s.statementTimeoutMs),
+      Effect.retry({ schedule: outage, while: (e) => e.retryable }),
+      bounded(operation, s.leaseMs / 2),
+      spanned(operation),
+    )
+}
+
 /** The batch as an Effect: succeeds with how many rows it claimed; fails (after marking) when the broker is away. */
 export const relayCycle = (
   store: OutboxStoreShape,
@@ -194,20 +211,9 @@ export const relayCycle = (
     spanned("Relay.claim"),
   )
 
-  // Built once: a schedule is a value, and the mark runs every cycle.
-  const outage = schedule(s.outage)
-  // A failed mark is retried for a while (the rows are confirmed; only the
-  // record is missing). If the database stays away past half the lease the
-  // rows come due again and are published twice: at least once, not lost.
+  const retried = retriedWrite(s)
   const mark = (token: string, marks: ReadonlyArray<OutboxMark>) =>
-    store
-      .mark(token, marks)
-      .pipe(
-        bounded("Relay.mark", s.statementTimeoutMs),
-        Effect.retry({ schedule: outage, while: (e) => e.retryable }),
-        bounded("Relay.mark", s.leaseMs / 2),
-        spanned("Relay.mark"),
-      )
+    retried("Relay.mark", store.mark(token, marks))
 
   // Publish, then mark: the rows of a claim that found some.
   const work = (token: string, rows: ReadonlyArray<OutboxMessage>) =>

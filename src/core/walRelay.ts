@@ -17,10 +17,9 @@ import { type StoreError, TransportError } from "../Errors.ts"
 import type { OutboxLogBatch, OutboxLogRow, OutboxLogShape } from "../ports/OutboxLog.ts"
 import type { OutboxMark } from "../ports/OutboxStore.ts"
 import type { TransportShape } from "../ports/Transport.ts"
-import { delayFor, schedule } from "../Retry.ts"
-import { bounded } from "./bounded.ts"
+import { delayFor } from "../Retry.ts"
 import type { LoopState } from "./leaseLoop.ts"
-import { publishing, type RelayCounters, type RelaySettings } from "./relayCycle.ts"
+import { publishing, type RelayCounters, type RelaySettings, retriedWrite } from "./relayCycle.ts"
 import { spanned } from "./trace.ts"
 import { publishFailure, verdictFor } from "./verdict.ts"
 
@@ -48,15 +47,8 @@ const walBatch = (
   counters: RelayCounters,
 ) => {
   const { publish, tombstones, settled } = publishing(transport, counters)
-  const outage = schedule(s.outage)
-  // As the polling relay's mark: retried while the database is away, for at most half a lease.
-  const settleRetried = (marks: ReadonlyArray<OutboxMark>) =>
-    settle(marks).pipe(
-      bounded("Relay.settle", s.statementTimeoutMs),
-      Effect.retry({ schedule: outage, while: (e) => e.retryable }),
-      bounded("Relay.settle", s.leaseMs / 2),
-      spanned("Relay.settle"),
-    )
+  const retried = retriedWrite(s)
+  const settleRetried = (marks: ReadonlyArray<OutboxMark>) => retried("Relay.settle", settle(marks))
   return (batch: OutboxLogBatch): Effect.Effect<number, StoreError | TransportError> => {
     const rows = batch.rows.filter(publishesAtOnce)
     if (rows.length === 0) return Effect.as(log.confirm(batch.position), 0)
