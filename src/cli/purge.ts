@@ -19,6 +19,8 @@ interface Plan {
   readonly batch: number
   /** Seconds: partition counters idle this long go; consumer cursors idle twice as long. */
   readonly idleKeys: number | undefined
+  /** Seconds: archived dead rows (dropped partitions') archived this long ago go. */
+  readonly archivedOlderThan: number | undefined
 }
 
 const plan = (input: {
@@ -27,6 +29,7 @@ const plan = (input: {
   readonly only: Option.Option<"outbox" | "inbox">
   readonly batch: number
   readonly idleKeys: Option.Option<string>
+  readonly archivedOlderThan?: Option.Option<string>
 }): Plan => {
   const olderThan = parseDuration("older-than", input.olderThan)
   const window = parseDuration("dedupe-window", input.dedupeWindow)
@@ -53,7 +56,10 @@ const plan = (input: {
       reason: `refusing --idle-keys ${idle}: less than --dedupe-window ${input.dedupeWindow} (a key's last messages may still be on their way)`,
     })
   }
-  return { olderThan, outbox: only !== "inbox", inbox, batch, idleKeys }
+  const archived = Option.getOrUndefined(input.archivedOlderThan ?? Option.none())
+  const archivedOlderThan =
+    archived === undefined ? undefined : parseDuration("archived-older-than", archived)
+  return { olderThan, outbox: only !== "inbox", inbox, batch, idleKeys, archivedOlderThan }
 }
 
 /** Deletes in batches until a batch finds nothing: each statement holds its row locks for one batch only. */
@@ -95,11 +101,20 @@ export const command = Command.make(
       ),
       Flag.optional,
     ),
+    archivedOlderThan: Flag.String("archived-older-than").pipe(
+      Flag.withDescription(
+        "also delete archived dead rows (moved out of dropped partitions) archived this long ago: 30d, 52w; " +
+          "the archive is their last copy (default: the archives are kept)",
+      ),
+      Flag.optional,
+    ),
     json: jsonFlag,
   },
-  ({ connection, olderThan, dedupeWindow, only, batch, idleKeys, json }) =>
+  ({ connection, olderThan, dedupeWindow, only, batch, idleKeys, archivedOlderThan, json }) =>
     Effect.gen(function* () {
-      const p = yield* parsing(() => plan({ olderThan, dedupeWindow, only, batch, idleKeys }))
+      const p = yield* parsing(() =>
+        plan({ olderThan, dedupeWindow, only, batch, idleKeys, archivedOlderThan }),
+      )
       yield* withDatabase(connection, { requireTables: true }, (db) =>
         Effect.gen(function* () {
           const before = yield* opsSql.cutoff(db, p.olderThan)
@@ -114,6 +129,16 @@ export const command = Command.make(
               cursors: yield* drain(() => opsSql.purgeIdleCursors(db, cursorsBefore, p.batch)),
             }
           }
+          let archives: { outbox: number | null; inbox: number | null } | null = null
+          if (p.archivedOlderThan !== undefined) {
+            const archivedBefore = yield* opsSql.cutoff(db, p.archivedOlderThan)
+            const of = (table: "outbox" | "inbox") =>
+              drain(() => opsSql.purgeArchived(db, table, archivedBefore, p.batch))
+            archives = {
+              outbox: p.outbox ? yield* of("outbox") : null,
+              inbox: p.inbox ? yield* of("inbox") : null,
+            }
+          }
           if (json) {
             return yield* printJson({
               cutoff: before,
@@ -122,7 +147,17 @@ export const command = Command.make(
               ...(keys === null
                 ? {}
                 : { partition_counters_deleted: keys.counters, inbox_cursors_deleted: keys.cursors }),
+              ...(archives === null
+                ? {}
+                : { outbox_archive_deleted: archives.outbox, inbox_archive_deleted: archives.inbox }),
             })
+          }
+          if (archives !== null) {
+            for (const [table, n] of Object.entries(archives))
+              if (n !== null)
+                yield* print(
+                  `${table}_archive: deleted ${n} archived dead row${n === 1 ? "" : "s"} archived more than --archived-older-than ago`,
+                )
           }
           if (keys !== null) {
             yield* print(

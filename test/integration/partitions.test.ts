@@ -268,6 +268,61 @@ describe("partitions", () => {
     expect((await sql`SELECT 1 FROM txbox.outbox_archive`.execute(t.db)).rows.length).toBe(0)
   })
 
+  test("txbox purge --archived-older-than deletes archived dead rows archived before the cutoff, and only those", async () => {
+    // From empty archives (the test before left one inbox row there).
+    await sql`TRUNCATE txbox.outbox_archive, txbox.inbox_archive`.execute(t.db)
+    const oldOutbox = idAt(Date.now() - 40 * DAY_MS)
+    const newOutbox = idAt(Date.now() - 39 * DAY_MS)
+    const oldInbox = idAt(Date.now() - 38 * DAY_MS)
+    const archive = async (table: "outbox" | "inbox", id: string, ago: string) =>
+      table === "outbox"
+        ? sql`INSERT INTO txbox.outbox_archive (id, type, version, payload, status, archived_at)
+            VALUES (${id}, 'part.ping', 1, '{}', 'dead', now() - ${ago}::interval)`.execute(t.db)
+        : sql`INSERT INTO txbox.inbox_archive (message_id, consumer, type, version, status, archived_at)
+            VALUES (${id}, 'billing', 'part.ping', 1, 'dead', now() - ${ago}::interval)`.execute(t.db)
+    await archive("outbox", oldOutbox, "31 days")
+    await archive("outbox", newOutbox, "29 days")
+    await archive("inbox", oldInbox, "31 days")
+    // A dead row still in its table is not the archive's: never touched.
+    const liveDead = idAt(Date.now() - 37 * DAY_MS)
+    await sql`INSERT INTO txbox.outbox (id, type, version, payload, status)
+      VALUES (${liveDead}, 'part.ping', 1, '{}', 'dead')`.execute(t.db)
+
+    const bad = await txbox(["purge", "--older-than", "7d", "--archived-older-than", "soon", "--url", t.url])
+    expect(bad.code).toBe(2)
+    expect(bad.stderr).toContain("archived-older-than")
+
+    const outboxOnly = await txbox([
+      ...["purge", "--older-than", "30d", "--only", "outbox", "--archived-older-than", "30d", "--json"],
+      ...["--url", t.url],
+    ])
+    expect(outboxOnly.code).toBe(0)
+    expect(JSON.parse(outboxOnly.stdout)).toMatchObject({
+      outbox_archive_deleted: 1,
+      inbox_archive_deleted: null,
+    })
+    const ids = async (table: string, column: string) =>
+      (
+        await sql<{
+          id: string
+        }>`SELECT ${sql.ref(column)}::text AS id FROM ${sql.table(`txbox.${table}`)}`.execute(t.db)
+      ).rows.map((r) => r.id)
+    expect(await ids("outbox_archive", "id")).toEqual([newOutbox])
+    expect(await ids("inbox_archive", "message_id")).toEqual([oldInbox])
+
+    const both = await txbox(["purge", "--older-than", "30d", "--archived-older-than", "30d", "--url", t.url])
+    expect(both.code).toBe(0)
+    expect(both.stdout).toContain("inbox_archive: deleted 1 archived dead row")
+    expect(await ids("inbox_archive", "message_id")).toEqual([])
+    expect(await ids("outbox_archive", "id")).toEqual([newOutbox])
+    const still = await sql`SELECT 1 FROM txbox.outbox WHERE id = ${liveDead} AND status = 'dead'`.execute(
+      t.db,
+    )
+    expect(still.rows.length).toBe(1)
+    await sql`DELETE FROM txbox.outbox_archive`.execute(t.db)
+    await sql`DELETE FROM txbox.outbox WHERE id = ${liveDead}`.execute(t.db)
+  })
+
   test("txbox partitions list and drop --dry-run, from the command line", async () => {
     const list = await txbox(["partitions", "list", "--url", t.url])
     expect(list.code).toBe(0)

@@ -334,6 +334,21 @@ describe("the soak's verdict, read from the tables", () => {
   })
 })
 
+// The whole report: on a failure it names the lost, duplicated and stuck rows and the logs dir. A
+// failed run's report is printed again with a prefix that .ci/run repeats last (CI keeps the tail).
+const printReport = (result: SoakResult) => {
+  const report = formatReport(result)
+  console.error(report)
+  if (!result.ok)
+    console.error(
+      report
+        .split("\n")
+        .slice(0, 150)
+        .map((line) => `soak-failed| ${line}`)
+        .join("\n"),
+    )
+}
+
 describe("soak: real processes under faults, judged from the tables", () => {
   let pg: LocalPostgres | undefined
   let rabbit: LocalRabbit | undefined
@@ -353,8 +368,7 @@ describe("soak: real processes under faults, judged from the tables", () => {
       services: { postgres: pg!, rabbit: rabbit! },
       ...options,
     })
-    // The whole report: on a failure it names the lost, duplicated and stuck rows and the logs dir.
-    console.error(formatReport(result))
+    printReport(result)
     return result
   }
 
@@ -473,7 +487,7 @@ describe("soak: real processes under faults, judged from the tables", () => {
           runtime: "bun",
           relaySource: "wal",
         })
-        console.error(formatReport(result))
+        printReport(result)
         expectExactlyOnce(result)
       } finally {
         await walPg.stop()

@@ -762,7 +762,13 @@ export const cutoff = (db: DatabaseShape, olderThanSeconds: number): Effect.Effe
 /** One purge: which rows of which table, and what else the statement does with the deleted ones. */
 interface Purge {
   readonly operation: string
-  readonly table: "outbox" | "inbox" | "partition_counters" | "inbox_cursors"
+  readonly table:
+    | "outbox"
+    | "inbox"
+    | "partition_counters"
+    | "inbox_cursors"
+    | "outbox_archive"
+    | "inbox_archive"
   /** The columns that identify a row. */
   readonly key: ReadonlyArray<string>
   /** The rows due for deletion (aliased `p`), and the order to take them in: the pick's WHERE and ORDER BY. */
@@ -853,6 +859,28 @@ export const purgeProcessed = (
           .where("p.processed_at", "<", timestamptz(before))
           .orderBy("p.processed_at"),
       stillStatus: PROCESSED,
+    },
+    limit,
+  )
+
+/**
+ * Deletes up to `limit` rows of `<table>_archive` (migration 0016: dead rows
+ * whose partition was dropped) archived before `before`. The archives are the
+ * only place those rows are kept: what goes here is gone for good.
+ */
+export const purgeArchived = (
+  db: DatabaseShape,
+  table: "outbox" | "inbox",
+  before: Date,
+  limit: number,
+): Effect.Effect<number, StoreError> =>
+  purge(
+    db,
+    {
+      operation: `purge.${table}_archive`,
+      table: `${table}_archive`,
+      key: table === "outbox" ? ["id"] : ["message_id", "consumer"],
+      pick: (rows) => rows.where("p.archived_at", "<", timestamptz(before)),
     },
     limit,
   )
