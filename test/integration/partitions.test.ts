@@ -14,7 +14,12 @@ import * as Relay from "../../src/Relay.ts"
 import { migrations } from "../../src/storage/sql/migrations.generated.ts"
 import { migrate } from "../../src/storage/sql/migrator.ts"
 import { DAY_MS, idBound, partitionName } from "../../src/storage/sql/partitionBounds.ts"
-import { dropPartitions, ensurePartitions, listPartitions } from "../../src/storage/sql/partitions.ts"
+import {
+  dropPartitions,
+  ensurePartitions,
+  listPartitions,
+  QUEUE_PARTITION_SETTINGS,
+} from "../../src/storage/sql/partitions.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { runTxbox } from "../support/cli.ts"
 import { amqpUrl, createTestDatabase, type TestDatabase, uniqueName } from "../support/db.ts"
@@ -103,7 +108,7 @@ describe("migration 0015 from the plain tables", () => {
     await storeInbox(db, written[1]!.id, "pending")
 
     const result = await Effect.runPromise(migrate(db))
-    expect(result.applied.map((m) => m.version)).toEqual([15, 16, 17, 18])
+    expect(result.applied.map((m) => m.version)).toEqual([15, 16, 17, 18, 19])
     const counts = await sql<{ status: string; n: string }>`
       SELECT status, count(*)::text AS n FROM txbox.outbox GROUP BY status ORDER BY status`.execute(db)
     expect(counts.rows).toEqual([
@@ -174,6 +179,18 @@ describe("partitions", () => {
       .transaction()
       .execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Ping, { n: 1 })))
     const today = partitionName("outbox", Math.floor(Date.now() / DAY_MS) * DAY_MS, DAY_MS)
+    // Every partition, made here or by the migrations (0019), vacuums by a fixed number of dead rows.
+    const options = await sql<{ name: string; reloptions: string[] | null }>`
+      SELECT c.relname AS name, c.reloptions FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+      WHERE i.inhparent IN ('txbox.outbox'::regclass, 'txbox.inbox'::regclass)`.execute(t.db)
+    expect(options.rows.map((r) => r.name)).toEqual(
+      expect.arrayContaining(["outbox_default", "inbox_default", today, today.replace("outbox", "inbox")]),
+    )
+    for (const row of options.rows)
+      expect({ name: row.name, options: row.reloptions }).toEqual({
+        name: row.name,
+        options: QUEUE_PARTITION_SETTINGS.split(", ").map((o) => o.replace(" = ", "=")),
+      })
     expect(await outboxHome(t.db, sent.id)).toBe(`txbox.${today}`)
 
     // The same message stored, then redelivered after the next day's partition opened: one row.

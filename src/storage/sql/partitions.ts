@@ -54,6 +54,18 @@ const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, Stor
     Effect.withSpan(`txbox.${operation}`),
   )
 
+/**
+ * The autovacuum settings of every partition txbox makes (bench/vacuum.ts). PostgreSQL's defaults
+ * vacuum a table once a fifth of its rows are dead: a day partition of a busy outbox holds
+ * millions of sent rows by the afternoon, and each message leaves one dead row version (pending,
+ * then sent), so vacuum waits for ever more of them while the heap and `outbox_due` grow instead
+ * of reusing their space. A fixed number instead: vacuum after 10,000 dead rows whatever the size
+ * (and after 100,000 inserts, the inbox's insert-only rows: the visibility map kept current).
+ */
+export const QUEUE_PARTITION_SETTINGS =
+  "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000, " +
+  "autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 100000"
+
 const LOCK_NAMESPACE = 0x7478626f // "txbo", as the migrator's
 /** A partition is made only if it begins at least this far ahead: no row of its range exists yet. */
 const LEAD_MS = 10_000
@@ -182,7 +194,8 @@ const createPartition = (
       await sql
         .raw(
           `CREATE TABLE ${qualified(db.schema, name)} ` +
-            `(LIKE ${qualified(db.schema, table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+            `(LIKE ${qualified(db.schema, table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) ` +
+            `WITH (${QUEUE_PARTITION_SETTINGS})`,
         )
         .execute(trx)
       await sql
