@@ -15,7 +15,6 @@
 // Reported per setting: the heap and due index grown per 100,000 messages, the most dead tuples
 // seen, the autovacuum runs, the claim probe's p50/p99, and the churn rate reached.
 import { Effect } from "effect"
-import { sql } from "kysely"
 import postgres from "postgres"
 import { DAY_MS, partitionName } from "../src/storage/sql/partitionBounds.ts"
 import { ensurePartitions, QUEUE_PARTITION_SETTINGS } from "../src/storage/sql/partitions.ts"
