@@ -65,6 +65,8 @@ describe("bench scripts --quick", () => {
     "builder",
     "retention",
     "idle",
+    "vacuum",
+    "snapshot",
   ]) {
     test(name, async () => {
       const { code, output } = await runQuick(name)

@@ -79,7 +79,13 @@ describe("SQL stores", () => {
     // sort once PostgreSQL switches it to a generic plan: the partial index cannot be proven to apply.
     const db = compileOnly().withSchema("txbox")
     const outbox = SqlOutboxStore.claimQuery(db, { limit: 10, token, leaseMs: 30_000, sinceMs: 3000 })
-    const inbox = SqlInboxStore.claimQuery(db, { consumer: "c", limit: 10, token, leaseMs: 30_000 })
+    const inbox = SqlInboxStore.claimQuery(db, {
+      consumer: "c",
+      limit: 10,
+      token,
+      leaseMs: 30_000,
+      sinceMs: 3000,
+    })
     for (const query of [outbox, inbox]) {
       expect(query.sql).toContain(`"status" = 'pending'`)
       expect(query.sql).toMatch(/for update (of "w" )?skip locked/)
@@ -127,12 +133,12 @@ describe("SQL stores", () => {
       [() => inbox.insertPending({ rows }), SqlInboxStore.insertRowsQuery(db, "pending", { rows })],
       [() => inbox.insertDead({ rows }), SqlInboxStore.insertRowsQuery(db, "dead", { rows })],
       [
-        () => inbox.claim.block.heads({ consumer: "c", limit: 7, token, leaseMs: 9 }),
-        SqlInboxStore.claimQuery(db, { consumer: "c", limit: 7, token, leaseMs: 9 }),
+        () => inbox.claim.block.heads({ consumer: "c", limit: 7, token, leaseMs: 9, sinceMs: 5 }),
+        SqlInboxStore.claimQuery(db, { consumer: "c", limit: 7, token, leaseMs: 9, sinceMs: 5 }),
       ],
       [
-        () => inbox.claim.skip.chains({ consumer: "c", limit: 7, token, leaseMs: 9 }),
-        SqlInboxStore.claimQuery(db, { consumer: "c", limit: 7, token, leaseMs: 9 }, true, true),
+        () => inbox.claim.skip.chains({ consumer: "c", limit: 7, token, leaseMs: 9, sinceMs: 5 }),
+        SqlInboxStore.claimQuery(db, { consumer: "c", limit: 7, token, leaseMs: 9, sinceMs: 5 }, true, true),
       ],
       [
         () => inbox.releaseSome({ consumer: "c", token, keys: "[]" }),

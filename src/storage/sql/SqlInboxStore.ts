@@ -33,10 +33,12 @@ import {
 } from "../../ports/InboxStore.ts"
 import type { Claim } from "../../ports/lease.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
+import { type ClaimWindow, makeClaimWindow } from "./claimWindow.ts"
 import { tryStore, tryStoreUndoable } from "./errors.ts"
 import {
   affected,
   now,
+  nowMinusMs,
   nowPlusMs,
   pending,
   pendingOfKey,
@@ -346,7 +348,15 @@ export const claimQuery = (
     limit,
     token,
     leaseMs,
-  }: { readonly consumer: string; readonly limit: number; readonly token: string; readonly leaseMs: number },
+    sinceMs,
+  }: {
+    readonly consumer: string
+    readonly limit: number
+    readonly token: string
+    readonly leaseMs: number
+    /** How far back the heads are looked for (claimWindow.ts). */
+    readonly sinceMs: number
+  },
   passDead = false,
   chains = false,
 ): CompiledQuery<ClaimedRow> => {
@@ -365,6 +375,8 @@ export const claimQuery = (
             .where("w.consumer", "=", consumer)
             .where("w.status", "=", pending)
             .where("w.visible_at", "<=", now)
+            // claimWindow.ts: how far back this claim looks.
+            .where("w.visible_at", ">=", nowMinusMs(sinceMs))
             .where(goes)
             .orderBy("w.visible_at")
             .limit(limit)
@@ -869,6 +881,7 @@ const claimStatements = (db: Kysely<TxboxDatabase>): InboxStatements["claim"] =>
       limit: -1,
       token: "\0token",
       leaseMs: -2,
+      sinceMs: -3,
     })
   return {
     block: { heads: one(false, false), chains: one(false, true) },
@@ -1082,6 +1095,8 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
       : q.extend({ consumer, token, leaseMs, keys: JSON.stringify(rows.map((row) => row.key)) })
   }
 
+  // Per consumer: how far back its next claim looks (claimWindow.ts, as the relay's).
+  const windows = new Map<string, ClaimWindow>()
   const claim = Effect.fnUntraced(function* (
     consumer: string,
     limit: number,
@@ -1091,9 +1106,17 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
   ) {
     const token = uuidv7()
     const statement = q.claim[onDead][chains ? "chains" : "heads"]
+    let window = windows.get(consumer)
+    if (window === undefined) windows.set(consumer, (window = makeClaimWindow()))
+    const startedMs = Date.now()
+    const sinceMs = window.next(startedMs)
     const rows = yield* tryStoreUndoable(
       "InboxStore.claim",
-      () => db.executeQuery(statement({ consumer, limit, token, leaseMs })).then((r) => r.rows),
+      () =>
+        db.executeQuery(statement({ consumer, limit, token, leaseMs, sinceMs })).then((r) => {
+          window.record(sinceMs, startedMs, Date.now() - startedMs, r.rows.length, limit)
+          return r.rows
+        }),
       // Given up on (interrupted, e.g. timed out), the statement may still run
       // later: hand whatever it claims straight back rather than leave it to the lease.
       (pending) => {

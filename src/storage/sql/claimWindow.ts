@@ -1,6 +1,7 @@
 /**
- * How far back a relay's claim looks (issue #26: a hot path that stays small
- * under a long snapshot). A claim walks `outbox_due` from its oldest entry.
+ * How far back a relay's claim looks, and an inbox processor's (issue #26: a
+ * hot path that stays small under a long snapshot). A claim walks `outbox_due`
+ * (`inbox_due`: the consumer's entries) from its oldest entry.
  * Every row marked sent leaves a dead entry there until vacuum removes it, and
  * while any transaction holds an old snapshot (a report, a `txbox status` scan,
  * a 30 s handler) neither vacuum nor the scans themselves may remove it: a
@@ -18,7 +19,7 @@
  * they are slow (a long snapshot), they are spaced at 50 times their time
  * (the quicker of the last two), up to MAX_FULL_EVERY_MS, so that they cost
  * the database about 2 %.
- * Pure: the store keeps one per process.
+ * Pure: the outbox store keeps one per process, the inbox store one per consumer.
  */
 
 /** How far back a bounded claim looks. */
