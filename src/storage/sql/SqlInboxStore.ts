@@ -341,22 +341,19 @@ const goesNow = (passDead: boolean) => (eb: ExpressionBuilder<InboxScope, "w">) 
  * rows are taken by depth, so a row is only ever claimed with the rows it waits
  * for — except when SKIP LOCKED passed one of those, which `claim` hands back.
  */
+// A type, not an interface: `prepare` takes it as a record of parameters.
+type ClaimParams = {
+  readonly consumer: string
+  readonly limit: number
+  readonly token: string
+  readonly leaseMs: number
+  /** How far back the heads are looked for (claimWindow.ts). */
+  readonly sinceMs: number
+}
+
 export const claimQuery = (
   db: Kysely<TxboxDatabase>,
-  {
-    consumer,
-    limit,
-    token,
-    leaseMs,
-    sinceMs,
-  }: {
-    readonly consumer: string
-    readonly limit: number
-    readonly token: string
-    readonly leaseMs: number
-    /** How far back the heads are looked for (claimWindow.ts). */
-    readonly sinceMs: number
-  },
+  { consumer, limit, token, leaseMs, sinceMs }: ClaimParams,
   passDead = false,
   chains = false,
 ): CompiledQuery<ClaimedRow> => {
@@ -375,7 +372,6 @@ export const claimQuery = (
             .where("w.consumer", "=", consumer)
             .where("w.status", "=", pending)
             .where("w.visible_at", "<=", now)
-            // claimWindow.ts: how far back this claim looks.
             .where("w.visible_at", ">=", nowMinusMs(sinceMs))
             .where(goes)
             .orderBy("w.visible_at")
@@ -874,6 +870,28 @@ export const markQuery = (
   )
 }
 
+/**
+ * Per consumer, how far back its next claim looks (claimWindow.ts, as the relay's): the look-back
+ * of a claim starting now, and what to tell once it took `rows`.
+ */
+const claimWindows = () => {
+  const windows = new Map<string, ClaimWindow>()
+  return (consumer: string, limit: number) => {
+    let window = windows.get(consumer)
+    if (window === undefined) {
+      window = makeClaimWindow()
+      windows.set(consumer, window)
+    }
+    const { record } = window
+    const startedMs = Date.now()
+    const sinceMs = window.next(startedMs)
+    return {
+      sinceMs,
+      took: (rows: number) => record(sinceMs, startedMs, Date.now() - startedMs, rows, limit),
+    }
+  }
+}
+
 const claimStatements = (db: Kysely<TxboxDatabase>): InboxStatements["claim"] => {
   const one = (passDead: boolean, chains: boolean) =>
     prepare(db, (db, p: Parameters<typeof claimQuery>[1]) => claimQuery(db, p, passDead, chains), {
@@ -1095,8 +1113,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
       : q.extend({ consumer, token, leaseMs, keys: JSON.stringify(rows.map((row) => row.key)) })
   }
 
-  // Per consumer: how far back its next claim looks (claimWindow.ts, as the relay's).
-  const windows = new Map<string, ClaimWindow>()
+  const lookBack = claimWindows()
   const claim = Effect.fnUntraced(function* (
     consumer: string,
     limit: number,
@@ -1106,15 +1123,12 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
   ) {
     const token = uuidv7()
     const statement = q.claim[onDead][chains ? "chains" : "heads"]
-    let window = windows.get(consumer)
-    if (window === undefined) windows.set(consumer, (window = makeClaimWindow()))
-    const startedMs = Date.now()
-    const sinceMs = window.next(startedMs)
+    const { sinceMs, took } = lookBack(consumer, limit)
     const rows = yield* tryStoreUndoable(
       "InboxStore.claim",
       () =>
         db.executeQuery(statement({ consumer, limit, token, leaseMs, sinceMs })).then((r) => {
-          window.record(sinceMs, startedMs, Date.now() - startedMs, r.rows.length, limit)
+          took(r.rows.length)
           return r.rows
         }),
       // Given up on (interrupted, e.g. timed out), the statement may still run
