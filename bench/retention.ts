@@ -19,7 +19,7 @@
 //   the front of `outbox_due`), on the filled table with and without the snapshot and on an empty
 //   table.
 import { execFileSync } from "node:child_process"
-import { Effect } from "effect"
+import { Effect, Schedule } from "effect"
 import { type Kysely, sql } from "kysely"
 import postgres from "postgres"
 import { RECENT_MS } from "../src/storage/sql/claimWindow.ts"
@@ -323,12 +323,16 @@ main(() =>
         await window("DROP a day's partitions", async () => {
           // The oldest day, alone: its range ended at `end`; the next day's ends a day later.
           const end = today - (config.days + 1) * DAY_MS
-          const decisions = await Effect.runPromise(
-            dropPartitions(
-              { db, schema: "txbox" },
-              { olderThanMs: Date.now() - end - 60_000, dedupeWindowMs: 0 },
-            ),
+          // A drop waits 250 ms at most for its lock and then gives up, as retention's pass does:
+          // tried again, as the next pass would.
+          const drop = dropPartitions(
+            { db, schema: "txbox" },
+            { olderThanMs: Date.now() - end - 60_000, dedupeWindowMs: 0 },
+          ).pipe(
+            Effect.tapError((e) => Effect.sync(() => log(`drop: ${e.message}; trying again`))),
+            Effect.retry({ times: 20, schedule: Schedule.spaced("200 millis") }),
           )
+          const decisions = await Effect.runPromise(drop)
           log(
             `dropped ${decisions
               .filter((d) => d.dropped)
