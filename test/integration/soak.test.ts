@@ -9,7 +9,14 @@ import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
 import { migrate } from "../../src/pg.ts"
 import { OrderPaid, OrderPlaced } from "../soak/contract.ts"
-import { FAULT_KINDS, formatReport, runSoak, type SoakOptions, type SoakResult } from "../soak/soak.ts"
+import {
+  DRAIN_STRETCH,
+  FAULT_KINDS,
+  formatReport,
+  runSoak,
+  type SoakOptions,
+  type SoakResult,
+} from "../soak/soak.ts"
 import {
   createBusinessTables,
   type Db,
@@ -29,11 +36,12 @@ import { type LocalRabbit, startLocalRabbit } from "../support/rabbitmq.ts"
 const LOAD_MINUTES = 0.75
 // Well above a healthy drain (20–47 s seen; at worst the default 30 s lease of a killed process's
 // rows plus backoffs), well below the CLI's 3 minutes so that a wedged run fails in reasonable time.
-// A drain still going down past it gets up to 3× (soak.ts): once the faults stretched a load to
+// A drain still going down past it gets up to DRAIN_STRETCH× (soak.ts): once the faults stretched a load to
 // 100 s, twice the events were owed and the drain, steady at ~500 events/s, needed ~100 s.
 const DRAIN_TIMEOUT_MS = 90_000
-// Load + drain (up to 3× its bound) + start and stop of the eight processes, with room to spare.
-const RUN_TIMEOUT_MS = 480_000
+// Load + drain (up to DRAIN_STRETCH× its bound) + start and stop of the eight processes and the
+// count, with room to spare on a slow machine (CI's took 128 s for the last two).
+const RUN_TIMEOUT_MS = 45_000 + DRAIN_STRETCH * DRAIN_TIMEOUT_MS + 200_000
 
 describe("the soak's verdict, read from the tables", () => {
   let db: Db

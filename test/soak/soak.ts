@@ -1392,7 +1392,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     const drainStarted = Date.now()
     r.record("phase", "drain: waiting until every owed event has its effect and no row is pending")
     let lastReport = 0
-    // Past the bound, a drain still going down gets more time (up to 3× the bound): a load that the
+    // Past the bound, a drain still going down gets more time (up to DRAIN_STRETCH× the bound): a load that the
     // faults stretched owes more, and a slow drain is not a stuck one. One that stalls for the last
     // 20 s past the bound fails.
     let lastWaiting = Number.POSITIVE_INFINITY
@@ -1410,7 +1410,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
       const elapsed = Date.now() - drainStarted
       if (
         elapsed > cfg.drainTimeoutMs &&
-        (Date.now() - lastFallAt > 20_000 || elapsed > 3 * cfg.drainTimeoutMs)
+        (Date.now() - lastFallAt > 20_000 || elapsed > DRAIN_STRETCH * cfg.drainTimeoutMs)
       )
         break
       if (Date.now() - lastReport >= 10_000) {
@@ -1494,7 +1494,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     }
     if (!drained)
       failures.push(
-        `the drain did not finish within ${cfg.drainTimeoutMs / 1000} s (nor, while still going down, within 3× that)`,
+        `the drain did not finish within ${cfg.drainTimeoutMs / 1000} s (nor, while still going down, within ${DRAIN_STRETCH}× that)`,
       )
     if (r.crashes.length > 0) {
       failures.push(
@@ -1635,6 +1635,13 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
 }
 
 /** The human summary: figures, verdict, timeline, and on failure everything needed to diagnose. */
+/**
+ * How far past its bound a drain that is still going down may run. CI's machine ran the soaks 2–3×
+ * slower than a quiet 2-core box (the per-key run: 443 s against 140 s), and a slow drain is not a
+ * stuck one; a drain that stops falling for 20 s fails at its bound.
+ */
+export const DRAIN_STRETCH = 5
+
 export function formatReport(r: SoakResult): string {
   const c = r.counts
   const lines: string[] = []
