@@ -33,7 +33,7 @@ import {
 } from "../../ports/InboxStore.ts"
 import type { Claim } from "../../ports/lease.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
-import { type ClaimWindow, makeClaimWindow } from "./claimWindow.ts"
+import { type ClaimWindow, makeClaimWindow, startClaim } from "./claimWindow.ts"
 import { tryStore, tryStoreUndoable } from "./errors.ts"
 import {
   affected,
@@ -870,25 +870,15 @@ export const markQuery = (
   )
 }
 
-/**
- * Per consumer, how far back its next claim looks (claimWindow.ts, as the relay's): the look-back
- * of a claim starting now, and what to tell once it took `rows`.
- */
+/** Per consumer, how far back its claims look (claimWindow.ts, as the relay's). */
 const claimWindows = () => {
   const windows = new Map<string, ClaimWindow>()
-  return (consumer: string, limit: number) => {
-    let window = windows.get(consumer)
-    if (window === undefined) {
-      window = makeClaimWindow()
-      windows.set(consumer, window)
-    }
-    const { record } = window
-    const startedMs = Date.now()
-    const sinceMs = window.next(startedMs)
-    return {
-      sinceMs,
-      took: (rows: number) => record(sinceMs, startedMs, Date.now() - startedMs, rows, limit),
-    }
+  return (consumer: string): ClaimWindow => {
+    const known = windows.get(consumer)
+    if (known !== undefined) return known
+    const window = makeClaimWindow()
+    windows.set(consumer, window)
+    return window
   }
 }
 
@@ -1113,7 +1103,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
       : q.extend({ consumer, token, leaseMs, keys: JSON.stringify(rows.map((row) => row.key)) })
   }
 
-  const lookBack = claimWindows()
+  const windowOf = claimWindows()
   const claim = Effect.fnUntraced(function* (
     consumer: string,
     limit: number,
@@ -1123,7 +1113,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
   ) {
     const token = uuidv7()
     const statement = q.claim[onDead][chains ? "chains" : "heads"]
-    const { sinceMs, took } = lookBack(consumer, limit)
+    const { sinceMs, took } = startClaim(windowOf(consumer), limit)
     const rows = yield* tryStoreUndoable(
       "InboxStore.claim",
       () =>

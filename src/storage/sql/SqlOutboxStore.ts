@@ -37,7 +37,7 @@ import {
   type OutboxStoreShape,
 } from "../../ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
-import { makeClaimWindow } from "./claimWindow.ts"
+import { makeClaimWindow, startClaim } from "./claimWindow.ts"
 import { tryStore, tryStoreUndoable } from "./errors.ts"
 import { affected, now, nowMinusMs, nowPlusMs, pending, verdictsJson } from "./fragments.ts"
 import { makeHeldClaims } from "./heldClaims.ts"
@@ -650,8 +650,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
   ): Effect.Effect<OutboxClaim, StoreError> => {
     const bound = bindShard(shard)
     const token = tokenOf(rank)
-    const startedMs = Date.now()
-    const sinceMs = window.next(startedMs)
+    const { sinceMs, took } = startClaim(window, limit)
     return Effect.map(
       tryStoreUndoable(
         "OutboxStore.claim",
@@ -660,7 +659,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
             ? held.claim(token, limit, leaseMs, sinceMs, bound).then((answer) => heldAnswer(answer, rank))
             : claimLeased(token, limit, leaseMs, sinceMs, bound)
           ).then((answer) => {
-            window.record(sinceMs, startedMs, Date.now() - startedMs, answer.rows.length, limit)
+            took(answer.rows.length)
             return answer
           }),
         // Given up on (interrupted, e.g. timed out), the statement may still run

@@ -38,6 +38,16 @@ export interface ClaimWindow {
   readonly record: (sinceMs: number, nowMs: number, tookMs: number, rows: number, limit: number) => void
 }
 
+/** A claim of up to `limit` rows starting now: its look-back, and what to call once it took `rows`. */
+export const startClaim = (window: ClaimWindow, limit: number) => {
+  const startedMs = Date.now()
+  const sinceMs = window.next(startedMs)
+  return {
+    sinceMs,
+    took: (rows: number) => window.record(sinceMs, startedMs, Date.now() - startedMs, rows, limit),
+  }
+}
+
 export const makeClaimWindow = (): ClaimWindow => {
   let fullAt = Number.NEGATIVE_INFINITY
   let fullEveryMs = FULL_EVERY_MS
