@@ -47,8 +47,8 @@ import { tmpdir } from "node:os"
 import { dirname, join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 import { Effect } from "effect"
-import { Kysely } from "kysely"
-import { PostgresJSDialect } from "kysely-postgres-js"
+import { Kysely, PostgresDialect } from "kysely"
+import pg from "pg"
 import postgres from "postgres"
 import { migrate } from "../../src/pg.ts"
 import { dropPartitions, ensurePartitions } from "../../src/storage/sql/partitions.ts"
@@ -438,8 +438,19 @@ async function resolveServers(options: SoakOptions): Promise<Servers> {
   }
 }
 
-const postgresDb = (url: string, max: number): Db =>
-  new Kysely({ dialect: new PostgresJSDialect({ postgres: postgres(url, { max, onnotice: () => {} }) }) })
+/**
+ * The harness's own connections (setup, partition churn, drain), on node-postgres. They live
+ * through the PostgreSQL restarts the soak injects: postgres.js under Bun let a reset socket's
+ * ECONNRESET escape as an uncaught error, which failed the running test and left its processes
+ * running into the next one (the full suite, 2026-11-29). Here an idle or checked-out client whose
+ * backend the restart ends emits 'error', heard below: the statement in flight fails with it.
+ */
+const postgresDb = (url: string, max: number): Db => {
+  const pool = new pg.Pool({ connectionString: url, max })
+  pool.on("error", () => {})
+  pool.on("connect", (client) => client.on("error", () => {}))
+  return new Kysely({ dialect: new PostgresDialect({ pool }) })
+}
 
 interface Resolved {
   readonly minutes: number
