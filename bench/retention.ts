@@ -35,7 +35,7 @@ import {
   type RelayStatsLine,
   spawnChild,
 } from "./support/children.ts"
-import { createBenchDatabase } from "./support/db.ts"
+import { createBenchDatabase, uuidv7Text } from "./support/db.ts"
 import { PIPELINE_TABLES_SQL } from "./support/hand.ts"
 import {
   log,
@@ -98,10 +98,8 @@ const fillDay = async (db: Db, dayMs: number, perDay: number) => {
       )
       .execute(db)
   }
-  // A UUIDv7 of ms m: its 12 hex digits, version 7, the rest from gen_random_uuid (variant bits kept).
   const ms = `(${dayMs}::bigint + (g * ${Math.floor(DAY_MS / perDay)})::bigint)`
-  const v7 = `(substr(lpad(to_hex(${ms}), 12, '0'), 1, 8) || '-' || substr(lpad(to_hex(${ms}), 12, '0'), 9, 4)
-                || '-7' || substr(gen_random_uuid()::text, 16))`
+  const v7 = uuidv7Text(ms)
   const at = `to_timestamp(${ms} / 1000.0)`
   await sql
     .raw(

@@ -19,7 +19,7 @@ import postgres from "postgres"
 import { DAY_MS, partitionName } from "../src/storage/sql/partitionBounds.ts"
 import { ensurePartitions, QUEUE_PARTITION_SETTINGS } from "../src/storage/sql/partitions.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
-import { createBenchDatabase } from "./support/db.ts"
+import { createBenchDatabase, uuidv7Text } from "./support/db.ts"
 import { log, main, parseArgs, percentile, printTable, round, sleep, writeResult } from "./support/harness.ts"
 
 const args = parseArgs()
@@ -57,8 +57,7 @@ interface Run {
 const fill = async (client: postgres.Sql, todayMs: number, rows: number) => {
   const span = Math.max(1, Date.now() - todayMs - 60_000)
   const ms = `(${todayMs}::bigint + (g::bigint * ${span} / ${rows}))`
-  const v7 = `(substr(lpad(to_hex(${ms}), 12, '0'), 1, 8) || '-' || substr(lpad(to_hex(${ms}), 12, '0'), 9, 4)
-              || '-7' || substr(gen_random_uuid()::text, 16))`
+  const v7 = uuidv7Text(ms)
   const at = `to_timestamp(${ms} / 1000.0)`
   for (let from = 0; from < rows; from += 500_000) {
     await client.unsafe(
@@ -97,8 +96,7 @@ const churn = async (client: postgres.Sql, rate: number, until: number): Promise
   while (performance.now() < until) {
     await client.unsafe(
       `INSERT INTO txbox.outbox (id, type, version, payload)
-       SELECT (substr(lpad(to_hex(m), 12, '0'), 1, 8) || '-' || substr(lpad(to_hex(m), 12, '0'), 9, 4)
-               || '-7' || substr(gen_random_uuid()::text, 16))::uuid, 'bench.ping', 1, '{"orderId":"x","total":1}'
+       SELECT ${uuidv7Text("m")}::uuid, 'bench.ping', 1, '{"orderId":"x","total":1}'
        FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS m FROM generate_series(1, ${perTick})) g`,
     )
     await client.begin(async (tx) => {
@@ -156,9 +154,7 @@ const runSetting = async (local: LocalPostgres, setting: Setting): Promise<Run> 
     // txbox makes its partitions with its settings; the other run takes PostgreSQL's back.
     if (setting === "postgres-defaults")
       await worker.unsafe(
-        `ALTER TABLE txbox.${partition} RESET (${QUEUE_PARTITION_SETTINGS.split(",")
-          .map((s) => s.split("=")[0]!.trim())
-          .join(", ")})`,
+        `ALTER TABLE txbox.${partition} RESET (${Object.keys(QUEUE_PARTITION_SETTINGS).join(", ")})`,
       )
     const [options] = await worker.unsafe(
       `SELECT reloptions FROM pg_class WHERE oid = 'txbox.${partition}'::regclass`,

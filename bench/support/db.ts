@@ -74,9 +74,12 @@ const payloadSql = (serial: string) => sql`(
     'committedAt', 0
   ) AS p) AS base)`
 
-/** A UUIDv7 from a millisecond timestamp, in SQL (PostgreSQL 15 has only v4 built in). */
-const uuidv7Sql = (millis: string) =>
-  sql`encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) placing substring(int8send((${sql.raw(millis)})::bigint) from 3) from 1 for 6), 52, 1), 53, 1), 'hex')::uuid`
+/** A UUIDv7 from a millisecond timestamp (an SQL expression), as SQL text (PostgreSQL 15 has only v4 built in). */
+export const uuidv7Text = (millis: string): string =>
+  `encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) placing substring(int8send((${millis})::bigint) from 3) from 1 for 6), 52, 1), 53, 1), 'hex')::uuid`
+
+/** The same, for Kysely's `sql`. */
+const uuidv7Sql = (millis: string) => sql.raw(uuidv7Text(millis))
 
 /**
  * Makes sure `bench.backlog` holds at least `count` generated messages (serial `g`, a UUIDv7 `id`

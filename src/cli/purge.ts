@@ -29,7 +29,7 @@ const plan = (input: {
   readonly only: Option.Option<"outbox" | "inbox">
   readonly batch: number
   readonly idleKeys: Option.Option<string>
-  readonly archivedOlderThan?: Option.Option<string>
+  readonly archivedOlderThan: Option.Option<string>
 }): Plan => {
   const olderThan = parseDuration("older-than", input.olderThan)
   const window = parseDuration("dedupe-window", input.dedupeWindow)
@@ -56,7 +56,7 @@ const plan = (input: {
       reason: `refusing --idle-keys ${idle}: less than --dedupe-window ${input.dedupeWindow} (a key's last messages may still be on their way)`,
     })
   }
-  const archived = Option.getOrUndefined(input.archivedOlderThan ?? Option.none())
+  const archived = Option.getOrUndefined(input.archivedOlderThan)
   const archivedOlderThan =
     archived === undefined ? undefined : parseDuration("archived-older-than", archived)
   return { olderThan, outbox: only !== "inbox", inbox, batch, idleKeys, archivedOlderThan }

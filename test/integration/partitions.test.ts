@@ -189,7 +189,7 @@ describe("partitions", () => {
     for (const row of options.rows)
       expect({ name: row.name, options: row.reloptions }).toEqual({
         name: row.name,
-        options: QUEUE_PARTITION_SETTINGS.split(", ").map((o) => o.replace(" = ", "=")),
+        options: Object.entries(QUEUE_PARTITION_SETTINGS).map(([name, value]) => `${name}=${value}`),
       })
     expect(await outboxHome(t.db, sent.id)).toBe(`txbox.${today}`)
 

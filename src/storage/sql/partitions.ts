@@ -62,9 +62,15 @@ const query = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, Stor
  * of reusing their space. A fixed number instead: vacuum after 10,000 dead rows whatever the size
  * (and after 100,000 inserts, the inbox's insert-only rows: the visibility map kept current).
  */
-export const QUEUE_PARTITION_SETTINGS =
-  "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000, " +
-  "autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 100000"
+export const QUEUE_PARTITION_SETTINGS: Readonly<Record<string, number>> = {
+  autovacuum_vacuum_scale_factor: 0,
+  autovacuum_vacuum_threshold: 10_000,
+  autovacuum_vacuum_insert_scale_factor: 0,
+  autovacuum_vacuum_insert_threshold: 100_000,
+}
+const withSettings = Object.entries(QUEUE_PARTITION_SETTINGS)
+  .map(([name, value]) => `${name} = ${value}`)
+  .join(", ")
 
 const LOCK_NAMESPACE = 0x7478626f // "txbo", as the migrator's
 /** A partition is made only if it begins at least this far ahead: no row of its range exists yet. */
@@ -195,7 +201,7 @@ const createPartition = (
         .raw(
           `CREATE TABLE ${qualified(db.schema, name)} ` +
             `(LIKE ${qualified(db.schema, table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) ` +
-            `WITH (${QUEUE_PARTITION_SETTINGS})`,
+            `WITH (${withSettings})`,
         )
         .execute(trx)
       await sql
