@@ -332,15 +332,6 @@ const onlyDeadBefore = (eb: ExpressionBuilder<InboxScope, "w">) =>
 const goesNow = (passDead: boolean) => (eb: ExpressionBuilder<InboxScope, "w">) =>
   passDead ? eb.or([notEarly(eb), onlyDeadBefore(eb)]) : notEarly(eb)
 
-/**
- * Claims up to `limit` rows that may go now and, with `chains`, behind each
- * ordered one the rows of its key that wait for it in turn (its chain: a key
- * with a backlog drains a batch at a time, not a row per claim), up to
- * CHAINED_PER_CLAIM × `limit` rows in all. `chain_depth` is 1 for a row
- * that may go now, n + 1 for one that waits for a claimed row at depth n; the
- * rows are taken by depth, so a row is only ever claimed with the rows it waits
- * for — except when SKIP LOCKED passed one of those, which `claim` hands back.
- */
 // A type, not an interface: `prepare` takes it as a record of parameters.
 type ClaimParams = {
   readonly consumer: string
@@ -351,6 +342,15 @@ type ClaimParams = {
   readonly sinceMs: number
 }
 
+/**
+ * Claims up to `limit` rows that may go now and, with `chains`, behind each
+ * ordered one the rows of its key that wait for it in turn (its chain: a key
+ * with a backlog drains a batch at a time, not a row per claim), up to
+ * CHAINED_PER_CLAIM × `limit` rows in all. `chain_depth` is 1 for a row
+ * that may go now, n + 1 for one that waits for a claimed row at depth n; the
+ * rows are taken by depth, so a row is only ever claimed with the rows it waits
+ * for — except when SKIP LOCKED passed one of those, which `claim` hands back.
+ */
 export const claimQuery = (
   db: Kysely<TxboxDatabase>,
   { consumer, limit, token, leaseMs, sinceMs }: ClaimParams,
