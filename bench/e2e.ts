@@ -15,9 +15,17 @@
 // defaults a user runs). Without local PostgreSQL binaries the test pass runs on the services'
 // server with insert-time clock_timestamp() instead of commit times, and the durable pass is skipped.
 //
+// With `--sources polling,wal` each pass runs twice, once with the default polling relay and once
+// with the relay reading the outbox's WAL (issue #27; its server then runs with wal_level=logical),
+// and a last table compares the two: commit → marked sent (the relay's mark or settle committed,
+// after the broker's confirm) and PostgreSQL's CPU per message. A WAL relay sees a commit once its
+// WAL is flushed: with synchronous_commit=off (the test pass) that waits for the WAL writer, so the
+// durable pass is the one to read for it.
+//
 //   bun bench/e2e.ts [--quick] [--rates 250,500,1000,2000,max,half] [--seconds 10] [--warmup 2]
 //                    [--settings test,durable] [--producers 1] [--connections 8] [--keyed]
 //                    [--prefetch 32] [--transactions 4] [--relay-workers 1]
+//                    [--sources polling,wal] [--batch-every <ms>]
 import { sql } from "kysely"
 import postgres from "postgres"
 import { defaultRetryPolicy } from "../src/Retry.ts"
@@ -62,9 +70,20 @@ const passes = args
     if (s !== "test" && s !== "durable") throw new Error(`--settings: ${s} (test, durable)`)
     return s as Pass
   })
+type Source = "polling" | "wal"
+const sources = args
+  .string("sources", "polling")
+  .split(",")
+  .map((s) => {
+    if (s !== "polling" && s !== "wal") throw new Error(`--sources: ${s} (polling, wal)`)
+    return s as Source
+  })
 const config = {
   rates,
   passes,
+  sources,
+  /** The WAL relay's batchEvery (ms); unset: the library's default. */
+  batchEveryMs: args.given["batch-every"] === undefined ? undefined : args.number("batch-every", 25),
   /** Measured seconds per rate (the steady window), after the warm-up. */
   seconds: args.number("seconds", quick ? 0.7 : 10),
   warmupSeconds: args.number("warmup", quick ? 0.3 : 2),
@@ -139,6 +158,7 @@ interface Measurement {
 
 interface PassResult {
   readonly pass: Pass
+  readonly source: Source
   readonly server: string
   readonly settings: Record<string, string>
   /** "commit" = pg_xact_commit_timestamp of both rows; "insert" = clock_timestamp() at each row's insert. */
@@ -167,18 +187,31 @@ main(() =>
         if (local) {
           const admin = postgres(local.url, { max: 1, onnotice: () => {} })
           try {
-            for (const [name, value] of Object.entries({ ...SETTINGS[pass], track_commit_timestamp: "on" })) {
+            const wal = config.sources.includes("wal") ? { wal_level: "logical" } : {}
+            for (const [name, value] of Object.entries({
+              ...SETTINGS[pass],
+              ...wal,
+              track_commit_timestamp: "on",
+            })) {
               await admin.unsafe(`ALTER SYSTEM SET ${name} = '${value}'`)
             }
           } finally {
             await admin.end({ timeout: 5 })
           }
-          // track_commit_timestamp takes a restart; the rest would do with a reload.
+          // track_commit_timestamp and wal_level take a restart; the rest would do with a reload.
           await local.restart()
         }
-        results.push(
-          await runPass(pass, local?.url ?? services.databaseUrl, services.amqpUrl, local !== undefined),
-        )
+        for (const source of config.sources) {
+          results.push(
+            await runPass(
+              pass,
+              source,
+              local?.url ?? services.databaseUrl,
+              services.amqpUrl,
+              local !== undefined,
+            ),
+          )
+        }
       } finally {
         await local?.stop()
       }
@@ -186,7 +219,7 @@ main(() =>
 
     for (const r of results) {
       printTable(
-        `End to end, ${r.pass} settings (${Object.entries(r.settings)
+        `End to end, ${r.source} relay, ${r.pass} settings (${Object.entries(r.settings)
           .map(([k, v]) => `${k}=${v}`)
           .join(", ")}): ${config.producers} producer process(es) × ${config.connections} connections` +
           `${config.keyed ? ", partitionKey = order id" : ""}; relay batch ${config.relay.batchSize} × ${config.relay.workers}, NOTIFY; ` +
@@ -204,6 +237,7 @@ main(() =>
           "p99",
           "max",
           "marked p50",
+          "marked p99",
           "begun p50",
           "tx p50",
           "tx p99",
@@ -234,6 +268,7 @@ main(() =>
             m.latency === undefined ? undefined : round(m.latency.p99, 1),
             m.latency === undefined ? undefined : round(m.latency.max, 1),
             m.latency === undefined ? undefined : round(m.latency.markedP50, 1),
+            m.latency === undefined ? undefined : round(m.latency.markedP99, 1),
             m.latency === undefined ? undefined : round(m.latency.begunP50, 1),
             round(m.txP50, 2),
             round(m.txP99, 1),
@@ -257,14 +292,17 @@ main(() =>
       const flat = e2e.find((m) => m.offered === "max")
       const halfIndex = config.rates.indexOf("half")
       const half = halfIndex < 0 ? undefined : e2e[halfIndex]
+      if (r.source !== "polling") continue
       if (orderOnly) summary[`${r.pass}.orderOnly`] = round(orderOnly.produced)
+      const prefix = r.source === "polling" ? r.pass : `${r.pass}.wal`
       for (const [i, m] of e2e.entries()) {
         const rate = config.rates[i]!
-        const key = `${r.pass}.${rate === "max" ? "flatOut" : rate === "half" ? "half" : rate}`
+        const key = `${prefix}.${rate === "max" ? "flatOut" : rate === "half" ? "half" : rate}`
         summary[`${key}.achieved`] = round(m.achieved ?? 0)
         if (m.latency) {
           summary[`${key}.p50`] = round(m.latency.p50, 2)
           summary[`${key}.p99`] = round(m.latency.p99, 2)
+          summary[`${key}.markedP99`] = round(m.latency.markedP99, 2)
         }
       }
       const ratio = flat?.achieved !== undefined && orderOnly ? flat.achieved / orderOnly.produced : undefined
@@ -294,26 +332,81 @@ main(() =>
       ],
       goals,
     )
+    if (config.sources.includes("wal")) printWalComparison(results)
     for (const note of skipped) log(`skipped: ${note}`)
     writeResult("e2e", args, services, { summary, config: { ...config, skipped }, results })
   }),
 )
 
+/**
+ * Issue #27's figures, the WAL relay against the polling relay of the same settings, rate by rate:
+ * producer commit → marked sent p50 / p99 (goal: p99 ≤ 10 ms at 1,000 msg/s) and PostgreSQL's CPU
+ * per message handled in the window (goal: ≤ 0.7 × polling's).
+ */
+function printWalComparison(results: ReadonlyArray<PassResult>): void {
+  const rows: Array<Array<string | number | undefined>> = []
+  for (const wal of results.filter((r) => r.source === "wal")) {
+    const polling = results.find((r) => r.source === "polling" && r.pass === wal.pass)
+    const perMessage = (m: Measurement | undefined) =>
+      m?.cpu.postgres === undefined || !m.achieved ? undefined : (m.cpu.postgres / m.achieved) * 1e6
+    const e2e = (r: PassResult | undefined) => r?.measurements.filter((m) => m.mode === "end to end") ?? []
+    const walRuns = e2e(wal)
+    const pollingRuns = e2e(polling)
+    for (const [i, w] of walRuns.entries()) {
+      const p = pollingRuns[i]
+      const pgWal = perMessage(w)
+      const pgPolling = perMessage(p)
+      rows.push([
+        wal.pass,
+        w.offered === "max" ? "flat out" : w.offered,
+        p?.achieved === undefined ? undefined : Math.round(p.achieved),
+        w.achieved === undefined ? undefined : Math.round(w.achieved),
+        p?.latency === undefined
+          ? undefined
+          : `${round(p.latency.markedP50, 1)} / ${round(p.latency.markedP99, 1)}`,
+        w.latency === undefined
+          ? undefined
+          : `${round(w.latency.markedP50, 1)} / ${round(w.latency.markedP99, 1)}`,
+        pgPolling === undefined ? undefined : Math.round(pgPolling),
+        pgWal === undefined ? undefined : Math.round(pgWal),
+        pgWal === undefined || pgPolling === undefined ? undefined : round(pgWal / pgPolling, 2),
+      ])
+    }
+  }
+  printTable(
+    "The WAL relay against the polling relay (issue #27): commit → marked sent (after the broker's confirm) p50 / p99 ms; " +
+      "PostgreSQL CPU µs per message handled. Goals: p99 ≤ 10 ms at 1,000 msg/s; PostgreSQL ≤ 0.7 × polling",
+    [
+      "settings",
+      "offered/s",
+      "polling msg/s",
+      "wal msg/s",
+      "polling marked",
+      "wal marked",
+      "polling pg µs",
+      "wal pg µs",
+      "wal / polling pg",
+    ],
+    rows,
+  )
+}
+
 /** One pass: a bench database on `databaseUrl`, the children, order-only flat out, then every rate. */
 async function runPass(
   pass: Pass,
+  source: Source,
   databaseUrl: string,
   amqpUrl: string,
   ownServer: boolean,
 ): Promise<PassResult> {
-  const bench = await createBenchDatabase(databaseUrl, `e2e_${pass}`)
+  const bench = await createBenchDatabase(databaseUrl, `e2e_${pass}_${source}`)
   const exchange = uniqueName(`bench.e2e.${pass}`)
   const consumer = uniqueName(`e2e-${pass}`)
   const children: Array<Child<{ readonly event: string }>> = []
   try {
     const shown = await sql<{ name: string; setting: string }>`
       SELECT name, setting FROM pg_settings
-      WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'track_commit_timestamp')`.execute(
+      WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes', 'track_commit_timestamp', 'wal_level')`.execute(
       bench.db,
     )
     const settings = Object.fromEntries(shown.rows.map((r) => [r.name, r.setting]))
@@ -324,8 +417,12 @@ async function runPass(
           throw new Error(`${pass}: ${name} is ${settings[name]}, wanted ${value}`)
       }
     }
+    if (source === "wal" && settings.wal_level !== "logical")
+      throw new Error(
+        `${pass}: the WAL relay needs wal_level = logical, the server has ${settings.wal_level}`,
+      )
     log(
-      `${pass}: PostgreSQL ${Object.entries(settings)
+      `${pass}, ${source} relay: PostgreSQL ${Object.entries(settings)
         .map(([k, v]) => `${k}=${v}`)
         .join(", ")}${ownServer ? " (the bench's own server)" : " (the services' server)"}`,
     )
@@ -358,7 +455,15 @@ async function runPass(
     children.push(inbox)
     // The consumer's queue must exist before anything is published (else: unroutable, retried).
     await inbox.ready
-    const relay = spawnRelay({ dbUrl: bench.url, amqpUrl, exchange, ...config.relay, statsMs: 1000 })
+    const relay = spawnRelay({
+      dbUrl: bench.url,
+      amqpUrl,
+      exchange,
+      ...config.relay,
+      statsMs: 1000,
+      source,
+      ...(config.batchEveryMs === undefined ? {} : { batchEveryMs: config.batchEveryMs }),
+    })
     children.push(relay)
     const producers = Array.from({ length: config.producers }, (_, i) =>
       spawnChild<ProducerLine>("producerProcess.ts", {
@@ -560,7 +665,7 @@ async function runPass(
         measurements.push(await measure("end to end", rate))
       }
     }
-    return { pass, server: ownServer ? "own" : "services", settings, clock, measurements }
+    return { pass, source, server: ownServer ? "own" : "services", settings, clock, measurements }
   } finally {
     for (const child of children.reverse()) await child.stop()
     await deleteTopology(amqpUrl, {
@@ -571,6 +676,12 @@ async function runPass(
       ],
       exchanges: [exchange],
     })
+    // A WAL relay's slot outlives it, and would keep its WAL and its database from being dropped.
+    if (source === "wal") {
+      await sql`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active AND database = current_database()`
+        .execute(bench.db)
+        .catch(() => undefined)
+    }
     await bench.drop()
   }
 }

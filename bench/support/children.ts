@@ -152,6 +152,10 @@ export interface RelayChildConfig {
   readonly listen?: boolean
   readonly pollMs?: number
   readonly statsMs?: number
+  /** "wal": the relay reads the outbox's log (its database needs wal_level = logical). @default "polling" */
+  readonly source?: "polling" | "wal"
+  /** The WAL relay's `batchEvery` in ms; unset: the library's default. */
+  readonly batchEveryMs?: number
 }
 
 /** A relay process (support/relayProcess.ts); `send("go")` starts its workers. */
@@ -165,6 +169,8 @@ export const spawnRelay = (config: RelayChildConfig): Child<RelayStatsLine> =>
     LISTEN: String(config.listen ?? true),
     POLL_MS: String(config.pollMs ?? 1000),
     STATS_MS: String(config.statsMs ?? 1000),
+    SOURCE: config.source ?? "polling",
+    BATCH_EVERY: config.batchEveryMs === undefined ? "" : String(config.batchEveryMs),
   })
 
 /**
