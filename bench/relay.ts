@@ -5,6 +5,8 @@
 //   bun bench/relay.ts [--quick] [--backlog 50000] [--headline 200000] [--ceiling 100000]
 //                      [--batches 100,1000,5000] [--workers 1,2,4] [--queues classic,quorum]
 //                      [--windows 500,2000,5000] [--channels 1,2,4,8]
+//   bun bench/relay.ts --source wal [--quick] [--backlog 40000] [--queues classic,quorum]
+//     (the polling relay and the WAL relay on one backlog: support/relayWal.ts)
 import { declareSink, type QueueType, rawPublish } from "./support/amqp.ts"
 import { runNaive, runOptimized } from "./support/baselines.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
@@ -18,6 +20,7 @@ import {
 } from "./support/db.ts"
 import { log, main, parseArgs, printTable, round, withServices, writeResult } from "./support/harness.ts"
 import { type RelayRun, runRelayInProcess } from "./support/relay.ts"
+import { printWalDrain, runWalDrain } from "./support/relayWal.ts"
 
 const args = parseArgs()
 const quick = args.quick
@@ -41,7 +44,11 @@ const config = {
   optimizedBacklog: args.number("optimized-backlog", quick ? 2_000 : 100_000),
   optimizedSeconds: args.number("optimized-seconds", quick ? 10 : 60),
   warmup: args.number("warmup", quick ? 500 : 20_000),
+  /** "polling": the matrix below; "wal": the polling relay against the WAL relay (issue #27). */
+  source: args.string("source", "polling"),
 }
+if (config.source !== "polling" && config.source !== "wal")
+  throw new Error(`--source: ${config.source} (polling, wal)`)
 
 interface Cell {
   readonly queue: QueueType
@@ -59,6 +66,21 @@ const phaseMs = (cell: Cell, name: string) => cell.phases?.[name]?.meanMs
 
 main(() =>
   withServices(async (services) => {
+    if (config.source === "wal") {
+      const walConfig = {
+        amqpUrl: services.amqpUrl,
+        queues: config.queues,
+        backlog: config.backlog,
+        warmup: Math.min(config.warmup, config.backlog),
+        batchSize: 1000,
+      }
+      const cells = await runWalDrain(walConfig)
+      printWalDrain(cells, walConfig)
+      const summary: Record<string, number> = {}
+      for (const cell of cells) summary[`${cell.queue}.${cell.source}.rate`] = round(cell.rate)
+      writeResult("relay-wal", args, services, { summary, config: walConfig, results: cells })
+      return
+    }
     const meter = cpuMeter({
       postgresPort: portOf(services.databaseUrl),
       rabbitPort: portOf(services.amqpUrl),

@@ -111,13 +111,21 @@ const ensureBacklog = async (db: Kysely<any>, count: number): Promise<void> => {
  */
 // Due just now, in id order, not when the template was made: a claim that comes back empty then
 // means the fill is drained (a relay's claim looks back 3 s between full ones: claimWindow.ts).
-// biome-ignore lint/suspicious/noExplicitAny: any database with txbox's schema
-export const fillOutbox = async (db: Kysely<any>, count: number, schema = "txbox"): Promise<void> => {
+// With `occurredWhenDue`, each row occurred when it came due, as an enqueue with no delay writes it:
+// what a WAL relay publishes itself (an older occurred_at reads as a delayed row, the sweep's).
+export const fillOutbox = async (
+  // biome-ignore lint/suspicious/noExplicitAny: any database with txbox's schema
+  db: Kysely<any>,
+  count: number,
+  schema = "txbox",
+  options: { readonly occurredWhenDue?: boolean } = {},
+): Promise<void> => {
   await ensureBacklog(db, count)
   await sql`TRUNCATE ${sql.id(schema, "outbox")}`.execute(db)
+  const due = sql`now() - (${count}::int - g) * interval '1 microsecond'`
   await sql`
     INSERT INTO ${sql.id(schema, "outbox")} (id, type, version, payload, occurred_at, visible_at)
-    SELECT id, ${BENCH_TYPE}, 1, payload, at, now() - (${count}::int - g) * interval '1 microsecond' FROM bench.backlog WHERE g <= ${count}::int ORDER BY g`.execute(
+    SELECT id, ${BENCH_TYPE}, 1, payload, ${options.occurredWhenDue ? due : sql`at`}, ${due} FROM bench.backlog WHERE g <= ${count}::int ORDER BY g`.execute(
     db,
   )
   await sql`VACUUM ANALYZE ${sql.id(schema, "outbox")}`.execute(db)

@@ -3,6 +3,7 @@
 import { Effect, Exit, Layer, ManagedRuntime, Scope, Tracer } from "effect"
 import * as Relay from "../../src/Relay.ts"
 import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
+import * as WalLog from "../../src/storage/drivers/pg/walLog.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import type { CpuMeter, CpuUse } from "./cpu.ts"
 import { sleep } from "./harness.ts"
@@ -54,6 +55,13 @@ export interface RelayRunOptions {
   readonly meter: CpuMeter
   /** Record span durations per phase (a tracer costs a little per batch, nothing per message). */
   readonly phases?: boolean
+  /**
+   * "wal": the relay reads the outbox's log (the server needs wal_level = logical), its sweep held
+   * off for the run, so the log's reader alone drains. @default "polling"
+   */
+  readonly source?: "polling" | "wal"
+  /** Runs once the connections are open (a WAL relay's slot exists), before the clock starts: the fill. */
+  readonly prepare?: () => Promise<void>
 }
 
 export interface RelayRun {
@@ -67,17 +75,24 @@ export interface RelayRun {
 }
 
 export const runRelayInProcess = async (o: RelayRunOptions): Promise<RelayRun> => {
+  const wal = o.source === "wal"
   const infra = Layer.mergeAll(
     PgStore.layer({ url: o.dbUrl }),
     AmqpTransport.layer({ url: o.amqpUrl, exchange: o.exchange, failFast: true }),
+    wal ? WalLog.layer({ url: o.dbUrl }) : Layer.empty,
   )
   const runtime = ManagedRuntime.make(infra)
   try {
     // Connections are opened here, before the clock starts: a relay's start-up is not its throughput.
     await runtime.runPromise(Effect.void)
+    await o.prepare?.()
     const scope = await runtime.runPromise(Scope.make())
     const traced = o.phases ? phaseTracer() : undefined
-    const make = Relay.make({ batchSize: o.batchSize, workers: o.workers }).pipe(Scope.provide(scope))
+    const make = Relay.make({
+      batchSize: o.batchSize,
+      workers: o.workers,
+      ...(wal ? { source: "wal" as const, sweepAfter: "1 hour" } : {}),
+    }).pipe(Scope.provide(scope))
     const before = o.meter.sample()
     const handle = await runtime.runPromise(traced ? Effect.withTracer(make, traced.tracer) : make)
     const deadline = performance.now() + o.timeoutMs

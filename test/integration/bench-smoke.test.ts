@@ -93,6 +93,24 @@ describe("bench scripts --quick", () => {
     expectResult("cost")
   }, 240_000)
 
+  // relay.ts --source wal: a server of its own with wal_level = logical, the backlog written after the
+  // slot exists, and the slot dropped after each drain (issue #27).
+  test("relay --source wal", async () => {
+    const { code, output } = await runQuick("relay", ["--source", "wal"])
+    if (code !== 0) console.error(output)
+    expect(code).toBe(0)
+    expectResult("relay-wal")
+  }, 240_000)
+
+  // e2e.ts --sources polling,wal: each pass with both relays, and the table of the two.
+  test("e2e --sources polling,wal", async () => {
+    const { code, output } = await runQuick("e2e", ["--sources", "polling,wal", "--settings", "durable"])
+    if (code !== 0) console.error(output)
+    expect(code).toBe(0)
+    expect(output).toContain("The WAL relay against the polling relay")
+    expectResult("e2e")
+  }, 240_000)
+
   // all.ts runs the others; one of them is enough to check the orchestration and the combined summary.
   test("all (orchestration, with --only)", async () => {
     const { code, output } = await runQuick("all", ["--only", "enqueue"])
