@@ -109,6 +109,12 @@ describe("bench scripts --quick", () => {
     expect(code).toBe(0)
     expect(output).toContain("The WAL relay against the polling relay")
     expectResult("e2e")
+    const { summary } = JSON.parse(readFileSync(join(resultsDir, "e2e.json"), "utf8")) as {
+      summary: Record<string, number>
+    }
+    // Both relays' figures: the WAL relay's under keys of their own.
+    expect(Object.keys(summary).some((key) => key.startsWith("durable.wal."))).toBe(true)
+    expect(Object.keys(summary).some((key) => key.startsWith("durable.100."))).toBe(true)
   }, 240_000)
 
   // all.ts runs the others; one of them is enough to check the orchestration and the combined summary.
