@@ -80,11 +80,11 @@ const listOf = <T>(name: string, fallback: string, parse: (part: string) => T): 
     .map(parse)
 
 const config = {
-  pipelines: listOf("pipelines", "hand,txbox", (p): Pipeline => {
-    if (p !== "hand" && p !== "txbox" && p !== "txbox-kysely" && p !== "txbox-wal")
-      throw new Error(`--pipelines: ${p} (hand, txbox, txbox-kysely, txbox-wal)`)
-    return p
-  }),
+  pipelines: args.choices<Pipeline>(
+    "pipelines",
+    ["hand", "txbox"],
+    ["hand", "txbox", "txbox-kysely", "txbox-wal"],
+  ),
   loads: listOf("loads", quick ? "max" : "max,250,1000", (p): Load => {
     if (p === "max") return p
     const n = Number(p.replaceAll("_", ""))

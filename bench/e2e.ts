@@ -63,21 +63,9 @@ if (rates.includes("half") && rates.indexOf("half") < rates.indexOf("max")) {
   throw new Error(`--rates: "half" needs "max" before it`)
 }
 type Pass = "test" | "durable"
-const passes = args
-  .string("settings", "test,durable")
-  .split(",")
-  .map((s) => {
-    if (s !== "test" && s !== "durable") throw new Error(`--settings: ${s} (test, durable)`)
-    return s as Pass
-  })
+const passes = args.choices<Pass>("settings", ["test", "durable"], ["test", "durable"])
 type Source = "polling" | "wal"
-const sources = args
-  .string("sources", "polling")
-  .split(",")
-  .map((s) => {
-    if (s !== "polling" && s !== "wal") throw new Error(`--sources: ${s} (polling, wal)`)
-    return s as Source
-  })
+const sources = args.choices<Source>("sources", ["polling"], ["polling", "wal"])
 const config = {
   rates,
   passes,

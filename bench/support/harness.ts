@@ -18,6 +18,12 @@ export interface Args {
   string(name: string, fallback: string): string
   /** A comma-separated numeric list (`--batches 100,1000`), or the fallback. */
   list(name: string, fallback: ReadonlyArray<number>): ReadonlyArray<number>
+  /** A comma-separated list of names out of `allowed` (`--sources polling,wal`), or the fallback. */
+  choices<T extends string>(
+    name: string,
+    fallback: ReadonlyArray<T>,
+    allowed: ReadonlyArray<T>,
+  ): ReadonlyArray<T>
   /** Every option as given, for the result file. */
   readonly given: Readonly<Record<string, string | true>>
 }
@@ -56,6 +62,19 @@ export const parseArgs = (argv: ReadonlyArray<string> = process.argv.slice(2)): 
         if (!Number.isFinite(n)) throw new Error(`--${name} must be a list of numbers, got ${value}`)
         return n
       })
+    },
+    choices: <T extends string>(name: string, fallback: ReadonlyArray<T>, allowed: ReadonlyArray<T>) => {
+      const value = raw(name)
+      if (value === undefined) return fallback
+      return value
+        .split(",")
+        .map((part) => part.trim())
+        .filter((part) => part !== "")
+        .map((part) => {
+          if (!(allowed as ReadonlyArray<string>).includes(part))
+            throw new Error(`--${name}: ${part} (${allowed.join(", ")})`)
+          return part as T
+        })
     },
     given,
   }
