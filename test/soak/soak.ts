@@ -242,6 +242,8 @@ interface Proc {
   readonly tail: string[]
   readonly exited: Promise<Exited>
   readonly readyPromise: Promise<void>
+  /** A producer's `done` line: its loop ended, its last transaction finished (then it closes its store). */
+  readonly finished: Promise<void>
 }
 
 interface Exited {
@@ -708,6 +710,10 @@ class Run {
     const exited = new Promise<Exited>((resolve) => {
       settle = resolve
     })
+    let markFinished: () => void = () => {}
+    const finished = new Promise<void>((resolve) => {
+      markFinished = resolve
+    })
     const proc: Proc = {
       slot,
       gen,
@@ -718,6 +724,7 @@ class Run {
       tail: [],
       exited,
       readyPromise,
+      finished,
     }
     this.procs.add(proc)
     slot.current = proc
@@ -731,6 +738,7 @@ class Run {
           proc.ready = true
           markReady()
         } else if (line.startsWith("progress ") || line.startsWith("done ")) {
+          if (line.startsWith("done ")) markFinished()
           try {
             const stats = JSON.parse(line.slice(line.indexOf(" ") + 1)) as ProducerStats
             if (stats.committed > (slot.producerStats.get(gen)?.committed ?? 0))
@@ -1097,10 +1105,23 @@ class Run {
           if (!proc) return
           proc.expected = true
           sendSignal(proc.pid, "SIGTERM")
-          if ((await withTimeout(proc.exited, 10_000)) === TIMEOUT) {
+          const started = Date.now()
+          // The transaction is what must finish (its `done` line); closing the store after it may take
+          // the store's own shutdown bound (postgres.js: up to 10 s for a connection still held).
+          if ((await withTimeout(Promise.race([proc.finished, proc.exited]), 10_000)) === TIMEOUT) {
             this.stall(`${slot.name} did not finish its transaction within 10 s of SIGTERM (killed)`)
             sendSignal(proc.pid, "SIGKILL")
             await proc.exited
+            return
+          }
+          if ((await withTimeout(proc.exited, 15_000)) === TIMEOUT) {
+            this.note(`${slot.name} finished its transaction but had not exited 15 s later: SIGKILL`)
+            sendSignal(proc.pid, "SIGKILL")
+            await proc.exited
+          } else if (Date.now() - started > 5_000) {
+            this.note(
+              `${slot.name} exited ${Math.round((Date.now() - started) / 100) / 10} s after SIGTERM (closing its store)`,
+            )
           }
         }),
     )
