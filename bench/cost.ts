@@ -43,7 +43,7 @@ import {
   spawnChild,
 } from "./support/children.ts"
 import { type CpuMeter, type CpuUse, cpuMeter, portOf, threadSeconds, threadsUsed } from "./support/cpu.ts"
-import { createBenchDatabase } from "./support/db.ts"
+import { createBenchDatabase, dropIdleSlots } from "./support/db.ts"
 import { HAND_SCHEMA_SQL, PIPELINE_TABLES_SQL } from "./support/hand.ts"
 import {
   type Cell,
@@ -758,12 +758,7 @@ async function runOnce(
       exchanges: [exchange],
     })
     await bouncer?.stop()
-    // A slot left behind would keep its WAL, and its database from being dropped.
-    if (pipeline === "txbox-wal") {
-      await sql`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active AND database = current_database()`
-        .execute(bench.db)
-        .catch(() => undefined)
-    }
+    if (pipeline === "txbox-wal") await dropIdleSlots(bench.db)
     await bench.drop()
   }
 }

@@ -34,7 +34,7 @@ import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
 import { type Child, type ProducerLine, spawnChild, spawnRelay } from "./support/children.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
-import { createBenchDatabase } from "./support/db.ts"
+import { createBenchDatabase, dropIdleSlots } from "./support/db.ts"
 import {
   log,
   main,
@@ -665,12 +665,7 @@ async function runPass(
       ],
       exchanges: [exchange],
     })
-    // A WAL relay's slot outlives it, and would keep its WAL and its database from being dropped.
-    if (source === "wal") {
-      await sql`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active AND database = current_database()`
-        .execute(bench.db)
-        .catch(() => undefined)
-    }
+    if (source === "wal") await dropIdleSlots(bench.db)
     await bench.drop()
   }
 }

@@ -200,3 +200,13 @@ export const articleProcessed = async (db: Kysely<any>): Promise<number> => {
     SELECT count(*) AS n FROM bench.outbox_messages WHERE processed_on_utc IS NOT NULL`.execute(db)
   return Number(r.rows[0]?.n ?? 0)
 }
+
+/**
+ * Drops the database's replication slots nobody reads: a WAL relay's slot outlives the relay, and
+ * would keep its WAL and its database from being dropped. Never fails (a cleanup).
+ */
+// biome-ignore lint/suspicious/noExplicitAny: any database
+export const dropIdleSlots = (db: Kysely<any>): Promise<unknown> =>
+  sql`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active AND database = current_database()`
+    .execute(db)
+    .catch(() => undefined)

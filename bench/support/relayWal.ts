@@ -5,11 +5,10 @@
 // the WAL relay's sweep is held off, so the log's reader alone drains it. Per source: msg/s, and
 // CPU µs per message of the relay (in this process), PostgreSQL (the WAL sender included) and
 // RabbitMQ. Counted from the broker's queue and the table, not from the relay's stats.
-import { sql } from "kysely"
 import { startLocalPostgres } from "../../test/support/postgres.ts"
 import { declareSink, type QueueType } from "./amqp.ts"
 import { cpuMeter, portOf } from "./cpu.ts"
-import { createBenchDatabase, fillOutbox, outboxStatus } from "./db.ts"
+import { createBenchDatabase, dropIdleSlots, fillOutbox, outboxStatus } from "./db.ts"
 import { log, printTable, round } from "./harness.ts"
 import { runRelayInProcess } from "./relay.ts"
 
@@ -41,10 +40,6 @@ export const runWalDrain = async (c: WalDrainConfig): Promise<ReadonlyArray<WalD
   try {
     const meter = cpuMeter({ postgresPort: portOf(server.url), rabbitPort: portOf(c.amqpUrl) })
     const bench = await createBenchDatabase(server.url, "relay_wal")
-    const dropSlots = () =>
-      sql`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active AND database = current_database()`.execute(
-        bench.db,
-      )
     try {
       const drain = async (queue: QueueType, source: Source, backlog: number): Promise<WalDrainCell> => {
         const sink = await declareSink(c.amqpUrl, queue, "bench.relaywal")
@@ -80,7 +75,7 @@ export const runWalDrain = async (c: WalDrainConfig): Promise<ReadonlyArray<WalD
           return cell
         } finally {
           await sink.close()
-          if (source === "wal") await dropSlots()
+          if (source === "wal") await dropIdleSlots(bench.db)
         }
       }
       // A first drain of each source that is not recorded: JIT and connection warm-up.
@@ -92,7 +87,7 @@ export const runWalDrain = async (c: WalDrainConfig): Promise<ReadonlyArray<WalD
       }
       return cells
     } finally {
-      await dropSlots().catch(() => undefined)
+      await dropIdleSlots(bench.db)
       await bench.drop()
     }
   } finally {
