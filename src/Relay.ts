@@ -302,10 +302,8 @@ export const make = (
 
     // Whether another relay process's looks cover this one's (core/relayCycle.ts's LookCover).
     const cover = { covered: false }
-    const cycle = relayCycle(store, transport, c, counters, cover)
     const loop = {
       name: "relay",
-      cycle,
       batchSize: c.batchSize,
       pollMs: c.pollMs,
       // Producers skip the NOTIFY while a relay published within the last 100 ms or a committed
@@ -328,7 +326,12 @@ export const make = (
       wake,
       state,
     }
-    for (let i = 0; i < c.workers; i++) yield* Effect.forkScoped(runLeaseLoop(loop))
+    for (let i = 0; i < c.workers; i++) {
+      // A cycle of its own per worker: it holds the worker's batch in flight (core/relayCycle.ts),
+      // which a shutdown waits for.
+      const { cycle, drain } = relayCycle(store, transport, c, counters, cover)
+      yield* Effect.forkScoped(Effect.ensuring(runLeaseLoop({ ...loop, cycle }), drain))
+    }
     if (log !== undefined) {
       yield* Effect.forkScoped(
         runWalLoop(log.log, log.settle, transport, c, counters, makeLoopState(), c.batchEveryMs),

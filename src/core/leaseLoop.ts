@@ -104,6 +104,10 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
 export const LONG_WAIT_MS = 1000
 /** Polls skipped per wait at most while another process's looks cover this one's: one poll in 8. */
 const MAX_SKIPPED_POLLS = 7
+/** Each look's weight in the rate, per look after it: the last four or so looks count. */
+const RATE_DECAY = 0.75
+/** A look longer than this after the one before it starts the rate afresh. */
+const RATE_WINDOW_MS = 500
 /** The shortest wait for a row the probe says is due: one that is due but locked is not spun on. */
 const MIN_DUE_WAIT_MS = 50
 
@@ -201,8 +205,11 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   let warmUntil = 0
   let nextRelookMs = relookMs
   const fewRows = loop.fewRows ?? 0
-  // The wait after the last look that claimed rows: relookMs, or twice that after a small batch.
+  // The wait after the last look that claimed rows: relookMs, or twice that while the rate is low.
   let hotWait = relookMs
+  // The rate as rows over time, each look's share decaying by RATE_DECAY per look.
+  let recentRows = 0
+  let recentMs = 0
   // This worker, as `state.relooker` names it.
   const self = {}
   // When the last cycle ended: a wake-up within relookMs of it waits for the rest.
@@ -248,9 +255,22 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
         warmUntil = now + warmMs
         nextRelookMs = relookMs * 2
         // By the rate, not the batch: rows per 2 × relookMs, whichever cadence found them. A
-        // batch near fewRows at the short cadence would flip it to the long one at every dip.
+        // batch near fewRows at the short cadence would flip it to the long one at every dip. And
+        // a look's share of a steady load comes in unevenly: at 1,000 msg/s about one look in ten
+        // found few enough to wait 2 × relookMs, the tail of commit → claim (issue #21). So the
+        // short cadence holds while this look's rate or the last few looks' rate is high enough.
         const gathered = Math.max(relookMs, cycleStart - previousStart)
-        hotWait = (claimed * 2 * relookMs) / gathered < fewRows ? relookMs * 2 : relookMs
+        if (gathered > RATE_WINDOW_MS) {
+          // The first look after a pause: its rows could have waited any time, and the looks
+          // before it say nothing of the rate now.
+          recentRows = 0
+          recentMs = 0
+        } else {
+          recentRows = recentRows * RATE_DECAY + claimed
+          recentMs = recentMs * RATE_DECAY + gathered
+        }
+        const fast = (rows: number, ms: number) => ms > 0 && (rows * 2 * relookMs) / ms >= fewRows
+        hotWait = fast(claimed, gathered) || fast(recentRows, recentMs) ? relookMs : relookMs * 2
         // The worker that claimed rows last looks again: its publish is what makes producers skip
         // their wake-up (migration 0007), so its looks must follow.
         state.relooker = self

@@ -110,6 +110,20 @@ test("while rows come in slower than fewRows per 2 × relookMs, the looks come e
   expect(times.slice(0, 6)).toEqual([0, 20, 40, 50, 60, 70])
 })
 
+test("one look that finds few rows in a steady load does not slow the looks: the last few looks' rate holds the cadence", async () => {
+  // 12 rows in 20 ms, then 6 per 10 ms (12 per 20: fast). The look at 50 finds 2 (4 per 20 alone,
+  // under fewRows), but over the last looks the rate is still above it: the next look comes at 60,
+  // not 70. A rate that falls does slow them: one row a look from 70 on, every 20 ms after two.
+  const times = await cycleTimes([3, 12, 6, 6, 2, 6, 6, 1, 1, 1, 1, 1, 1], 200, {
+    relookMs: 10,
+    hotMs: 200,
+    fewRows: 8,
+    warmMs: 1000,
+  })
+  expect(times.slice(0, 7)).toEqual([0, 20, 30, 40, 50, 60, 70])
+  expect(times.slice(7, 12)).toEqual([80, 90, 110, 130, 150])
+})
+
 test("the follow-up looks keep their cadence from one look's start to the next, whatever the cycle takes", async () => {
   const times = await cycleTimes([5, 5, 5, 5], 60, { relookMs: 10, hotMs: 50, warmMs: 1000, cycleMs: 5 })
   expect(times.slice(0, 4)).toEqual([0, 10, 20, 30])

@@ -294,6 +294,47 @@ describe("relay loop", () => {
       }),
     ))
 
+  test("the next look does not wait for a batch's confirm: two batches in flight at most, the second published meanwhile", () =>
+    run(
+      Effect.gen(function* () {
+        const outbox = yield* MemoryOutboxStore.make()
+        const broker = brokerFor()
+        const release = yield* Deferred.make<void>()
+        let calls = 0
+        const published: string[] = []
+        // The first batch's confirm takes until `release`; the others' come at once.
+        const transport: TransportShape = {
+          ...broker.transport,
+          publish: (messages) =>
+            (calls++ === 0 ? Deferred.await(release) : Effect.void).pipe(
+              Effect.andThen(Effect.sync(() => published.push(...messages.map((m) => m.id)))),
+              Effect.andThen(broker.transport.publish(messages)),
+            ),
+        }
+        yield* seed(outbox, 2)
+        yield* startRelay(outbox.store, transport)
+        expect(calls).toBe(1)
+        yield* seed(outbox, 3)
+        yield* TestClock.adjust("1 second")
+        yield* settle
+        // The second batch went out while the first waits for its confirm.
+        expect(calls).toBe(2)
+        expect(published.length).toBe(3)
+        expect(statuses(outbox)).toEqual(["pending", "pending", "sent", "sent", "sent"])
+        // A third claim waits for the first batch to settle: never more than two in flight.
+        yield* seed(outbox, 1)
+        yield* TestClock.adjust("3 seconds")
+        yield* settle
+        expect(calls).toBe(2)
+        yield* Deferred.succeed(release, undefined)
+        yield* settle
+        yield* TestClock.adjust("1 second")
+        yield* settle
+        expect(statuses(outbox).every((s) => s === "sent")).toBe(true)
+        expect(published.length).toBe(6)
+      }),
+    ))
+
   test("shutdown in the middle of a batch waits for it to be published and marked, and leaves nothing claimed", () =>
     run(
       Effect.gen(function* () {
