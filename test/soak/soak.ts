@@ -937,12 +937,36 @@ class Run {
     await cluster.awaitRunning(cluster.nodes.length, 60_000)
   }
 
+  /**
+   * Held while a cluster node is down (a kill or a restart, until it runs again) and while the late
+   * consumer declares its queue: the two never overlap. RabbitMQ before 3.12 starts the member of a
+   * quorum queue on a node that was down when the queue was declared with the wrong settings
+   * (rabbitmq-server#10007, fixed by #10034): in a run that declared the late consumer's queue during
+   * a node kill, that consumer never received ~50 messages (docs/production.md says to deploy new
+   * consumers with every node up).
+   */
+  private nodesSettled: Promise<void> = Promise.resolve()
+
+  /** Runs `work` once no node fault and no late consumer's first start is under way, holding them off meanwhile. */
+  private withNodesSettled<A>(work: () => Promise<A>): Promise<A> {
+    const run = this.nodesSettled.then(work)
+    this.nodesSettled = run.then(
+      () => undefined,
+      () => undefined,
+    )
+    return run
+  }
+
   private pickNode(cluster: RabbitCluster): ClusterNode {
     return cluster.nodes[Math.floor(this.random() * cluster.nodes.length)]!
   }
 
   /** One cluster node SIGKILLed (a crash: no goodbye to clients or peers), booted again 2–6 s later. */
-  private async rabbitNodeKill(cluster: RabbitCluster): Promise<void> {
+  private rabbitNodeKill(cluster: RabbitCluster): Promise<void> {
+    return this.withNodesSettled(() => this.rabbitNodeKillNow(cluster))
+  }
+
+  private async rabbitNodeKillNow(cluster: RabbitCluster): Promise<void> {
     await this.allNodesRunning(cluster)
     const node = this.pickNode(cluster)
     const pid = node.pid()
@@ -985,10 +1009,12 @@ class Run {
       case "rabbitRestart":
         if (cluster) {
           // One node's broker stopped and started (stop_app, start_app), the others serve meanwhile.
-          await this.allNodesRunning(cluster)
-          const node = this.pickNode(cluster)
-          await this.rabbitRestart(node.ctl, `RabbitMQ node ${node.index} (port ${node.port})`)
-          return cluster.awaitRunning(cluster.nodes.length, 60_000)
+          return this.withNodesSettled(async () => {
+            await this.allNodesRunning(cluster)
+            const node = this.pickNode(cluster)
+            await this.rabbitRestart(node.ctl, `RabbitMQ node ${node.index} (port ${node.port})`)
+            await cluster.awaitRunning(cluster.nodes.length, 60_000)
+          })
         }
         return this.rabbitRestart((args, timeoutMs) => rabbit!.ctl(args, timeoutMs), "RabbitMQ")
       case "rabbitNodeKill":
@@ -1064,7 +1090,12 @@ class Run {
         "owed what is enqueued from its binding on",
     )
     slot.enabled = true
-    await this.ensureRunning(slot)
+    const cluster = this.servers.cluster
+    if (cluster === undefined) return this.ensureRunning(slot)
+    await this.withNodesSettled(async () => {
+      await this.allNodesRunning(cluster)
+      await this.ensureRunning(slot)
+    })
   }
 
   async injectAll(plan: ReadonlyArray<Planned>): Promise<void> {
