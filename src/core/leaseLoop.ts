@@ -210,6 +210,8 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   // The rate as rows over time, each look's share decaying by RATE_DECAY per look.
   let recentRows = 0
   let recentMs = 0
+  // Whether rows came in at fewRows per 2 × relookMs or more.
+  const fast = (rows: number, ms: number) => ms > 0 && (rows * 2 * relookMs) / ms >= fewRows
   // This worker, as `state.relooker` names it.
   const self = {}
   // When the last cycle ended: a wake-up within relookMs of it waits for the rest.
@@ -269,7 +271,6 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
           recentRows = recentRows * RATE_DECAY + claimed
           recentMs = recentMs * RATE_DECAY + gathered
         }
-        const fast = (rows: number, ms: number) => ms > 0 && (rows * 2 * relookMs) / ms >= fewRows
         hotWait = fast(claimed, gathered) || fast(recentRows, recentMs) ? relookMs : relookMs * 2
         // The worker that claimed rows last looks again: its publish is what makes producers skip
         // their wake-up (migration 0007), so its looks must follow.

@@ -48,6 +48,27 @@ const brokerFor = (...types: string[]) => {
 
 const statuses = (outbox: MemoryOutboxStore.MemoryOutbox) => outbox.rows().map((r) => r.status)
 
+/**
+ * The broker's transport with `before(call)` run ahead of each publish (call 0, 1, …): a slow or
+ * stuck confirm. `published` holds the ids of every publish that went through, in order.
+ */
+const delayedPublish = (
+  broker: MemoryTransport.MemoryBroker,
+  before: (call: number) => Effect.Effect<void>,
+) => {
+  const published: string[] = []
+  let calls = 0
+  const transport: TransportShape = {
+    ...broker.transport,
+    publish: (messages: ReadonlyArray<OutgoingMessage>) =>
+      Effect.suspend(() => before(calls++)).pipe(
+        Effect.andThen(Effect.sync(() => published.push(...messages.map((m) => m.id)))),
+        Effect.andThen(broker.transport.publish(messages)),
+      ),
+  }
+  return { transport, published, calls: () => calls }
+}
+
 describe("relay loop", () => {
   test("due messages are published and marked sent; a message not yet due waits for its time", () =>
     run(
@@ -129,16 +150,8 @@ describe("relay loop", () => {
       Effect.gen(function* () {
         const outbox = yield* MemoryOutboxStore.make()
         const broker = brokerFor()
-        const published: string[] = []
         // Every publish takes 25 s (a backlog behind the publish window), with a 10 s lease.
-        const transport: TransportShape = {
-          ...broker.transport,
-          publish: (messages: ReadonlyArray<OutgoingMessage>) =>
-            Effect.sleep("25 seconds").pipe(
-              Effect.andThen(Effect.sync(() => published.push(...messages.map((m) => m.id)))),
-              Effect.andThen(broker.transport.publish(messages)),
-            ),
-        }
+        const { transport, published } = delayedPublish(broker, () => Effect.sleep("25 seconds"))
         yield* seed(outbox, 5)
         yield* startRelay(outbox.store, transport, { ...base, workers: 2, lease: "10 seconds" })
         for (let i = 0; i < 30; i++) {
@@ -156,19 +169,10 @@ describe("relay loop", () => {
       Effect.gen(function* () {
         const outbox = yield* MemoryOutboxStore.make()
         const broker = brokerFor()
-        let calls = 0
-        const published: string[] = []
         // The first publish hangs forever (a stuck channel); the next ones work.
-        const transport: TransportShape = {
-          ...broker.transport,
-          publish: (messages: ReadonlyArray<OutgoingMessage>) =>
-            calls++ === 0
-              ? Effect.never
-              : Effect.andThen(
-                  Effect.sync(() => published.push(...messages.map((m) => m.id))),
-                  broker.transport.publish(messages),
-                ),
-        }
+        const { transport, published } = delayedPublish(broker, (call) =>
+          call === 0 ? Effect.never : Effect.void,
+        )
         yield* seed(outbox, 5)
         const ids = outbox.rows().map((r) => r.id)
         yield* startRelay(outbox.store, transport, { ...base, workers: 2, lease: "10 seconds" })
@@ -300,32 +304,25 @@ describe("relay loop", () => {
         const outbox = yield* MemoryOutboxStore.make()
         const broker = brokerFor()
         const release = yield* Deferred.make<void>()
-        let calls = 0
-        const published: string[] = []
         // The first batch's confirm takes until `release`; the others' come at once.
-        const transport: TransportShape = {
-          ...broker.transport,
-          publish: (messages) =>
-            (calls++ === 0 ? Deferred.await(release) : Effect.void).pipe(
-              Effect.andThen(Effect.sync(() => published.push(...messages.map((m) => m.id)))),
-              Effect.andThen(broker.transport.publish(messages)),
-            ),
-        }
+        const { transport, published, calls } = delayedPublish(broker, (call) =>
+          call === 0 ? Deferred.await(release) : Effect.void,
+        )
         yield* seed(outbox, 2)
         yield* startRelay(outbox.store, transport)
-        expect(calls).toBe(1)
+        expect(calls()).toBe(1)
         yield* seed(outbox, 3)
         yield* TestClock.adjust("1 second")
         yield* settle
         // The second batch went out while the first waits for its confirm.
-        expect(calls).toBe(2)
+        expect(calls()).toBe(2)
         expect(published.length).toBe(3)
         expect(statuses(outbox)).toEqual(["pending", "pending", "sent", "sent", "sent"])
         // A third claim waits for the first batch to settle: never more than two in flight.
         yield* seed(outbox, 1)
         yield* TestClock.adjust("3 seconds")
         yield* settle
-        expect(calls).toBe(2)
+        expect(calls()).toBe(2)
         yield* Deferred.succeed(release, undefined)
         yield* settle
         yield* TestClock.adjust("1 second")
@@ -342,14 +339,9 @@ describe("relay loop", () => {
         const broker = brokerFor()
         const inFlight = yield* Deferred.make<void>()
         const release = yield* Deferred.make<void>()
-        const transport: TransportShape = {
-          ...broker.transport,
-          publish: (messages) =>
-            Deferred.succeed(inFlight, undefined).pipe(
-              Effect.andThen(Deferred.await(release)),
-              Effect.andThen(broker.transport.publish(messages)),
-            ),
-        }
+        const { transport } = delayedPublish(broker, () =>
+          Effect.andThen(Deferred.succeed(inFlight, undefined), Deferred.await(release)),
+        )
         yield* seed(outbox, 4)
         const relay = yield* startRelay(outbox.store, transport)
         yield* Deferred.await(inFlight)
