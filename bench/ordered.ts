@@ -16,6 +16,7 @@
 //   bun bench/ordered.ts [--quick] [--messages 20000] [--keys 64,10000] [--rounds 2] [--producers 4]
 //                        [--tx-size 100] [--spread shuffled|round-robin] [--seed 1] [--rate 0]
 //                        [--inbox-batch n] [--inbox-poll-ms n] [--inbox-concurrency n]
+//                        [--handler-failures F]  (the share of handler runs that fail and are retried, 0..1)
 import { Effect } from "effect"
 import { Kysely, sql } from "kysely"
 import { PostgresJSDialect } from "kysely-postgres-js"
@@ -64,6 +65,8 @@ const config = {
   inboxBatch: optional("inbox-batch"),
   inboxPollMs: optional("inbox-poll-ms"),
   inboxConcurrency: optional("inbox-concurrency"),
+  /** The share of handler runs that fail on purpose (a flaky downstream): each is retried. */
+  handlerFailures: args.number("handler-failures", 0),
   /** The relay runs with the library's defaults; the bench states them (relayProcess.ts needs them). */
   relay: { batchSize: 1000, workers: 1, pollMs: 1000, listen: true },
   /** The Inbox default; inboxProcess.ts needs it spelled out. */
@@ -92,6 +95,7 @@ interface InboxLine {
   readonly retried?: number
   readonly dead?: number
   readonly stored?: number
+  readonly handlerRuns?: number
 }
 
 interface Run {
@@ -109,6 +113,8 @@ interface Run {
   /** The producers' msg/s while filling the outbox (not part of `rate`). */
   readonly enqueueRate: number
   readonly retried: number
+  /** Handler runs per message: 1 when none failed; a failure in a shared transaction runs its neighbours again. */
+  readonly runsPerMessage: number
   /**
    * ANALYZEs of txbox.inbox during the run (autovacuum's, normally): the processor's statements are
    * planned from the table's statistics, and a backlog of pending rows the statistics do not know
@@ -226,6 +232,7 @@ main(() =>
         ...optionalEnv("BATCH", config.inboxBatch),
         ...optionalEnv("POLL_MS", config.inboxPollMs),
         ...optionalEnv("CONCURRENCY", config.inboxConcurrency),
+        ...(config.handlerFailures > 0 ? { FAIL_FRACTION: String(config.handlerFailures) } : {}),
       })
       const relay = spawnRelay({
         dbUrl: bench.url,
@@ -317,6 +324,7 @@ main(() =>
           storedDone: kind.ordered ? storedDone : undefined,
           enqueueRate,
           retried: done.retried ?? 0,
+          runsPerMessage: (done.handlerRuns ?? n) / n,
           inboxAnalyzed: (await analyzed()) - analyzedBefore,
           cpu,
         }
@@ -346,6 +354,7 @@ main(() =>
           config.inboxConcurrency === undefined
             ? undefined
             : `processorConcurrency ${config.inboxConcurrency}`,
+          config.handlerFailures > 0 ? `${config.handlerFailures * 100} % of handler runs fail` : undefined,
         ]
           .filter((s) => s !== undefined)
           .join(", ") || "defaults"
@@ -367,6 +376,7 @@ main(() =>
           "relay done s",
           "drain s",
           "stored s",
+          "runs/msg",
           "enqueue msg/s",
           "inbox analyzed",
           "relay",
@@ -383,6 +393,7 @@ main(() =>
           round(r.relayDone, 1),
           r.drain === undefined ? undefined : round(r.drain, 1),
           r.storedDone === undefined ? undefined : round(r.storedDone, 1),
+          round(r.runsPerMessage, 2),
           Math.round(r.enqueueRate),
           r.inboxAnalyzed,
           r.cpu.perChild[0] === undefined ? undefined : round(r.cpu.perChild[0], 2),

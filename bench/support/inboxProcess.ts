@@ -8,7 +8,8 @@
 // env: DB_URL, LISTEN_URL (LISTEN straight to the database when DB_URL is a pooler), AMQP_URL, EXCHANGE, CONSUMER, MODE (idempotent | store-then-process),
 //      MODE, PREFETCH, TRANSACTIONS and QUEUE_TYPE (unset or empty: the library's defaults), STATS_MS (default 1000), RECORD (default 0);
 //      BATCH, POLL_MS, CONCURRENCY: the processor's batchSize, pollInterval (ms) and
-//      processorConcurrency, only when set (else the Inbox defaults)
+//      processorConcurrency, only when set (else the Inbox defaults); FAIL_FRACTION (0..1, default 0):
+//      the share of handler runs that fail on purpose, counted in the stats as `handlerRuns`/`handlerFailures`
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import { CompiledQuery } from "kysely"
 import * as Inbox from "../../src/Inbox.ts"
@@ -51,6 +52,8 @@ const pollMs = optional("POLL_MS")
 const concurrency = optional("CONCURRENCY")
 const transactions = optional("TRANSACTIONS")
 const prefetch = optional("PREFETCH")
+const failFraction = optional("FAIL_FRACTION") ?? 0
+const runs = { handlerRuns: 0, handlerFailures: 0 }
 const scope = await runtime.runPromise(Scope.make())
 const handle = await runtime.runPromise(
   Inbox.make({
@@ -64,6 +67,11 @@ const handle = await runtime.runPromise(
     handlers: [
       Inbox.handler(OrderPlaced, ({ payload, envelope, trx }) =>
         Effect.gen(function* () {
+          runs.handlerRuns++
+          if (failFraction > 0 && Math.random() < failFraction) {
+            runs.handlerFailures++
+            return yield* Effect.fail(new Error("injected handler failure"))
+          }
           if (payload.committedAt > 0) latencies.push([payload.serial, wallMs() - payload.committedAt])
           if (!record) return
           // SQL text through the inbox's transaction: the same statement the hand-written inbox sends
@@ -87,7 +95,7 @@ const report = async (event: string) => {
   const stats = await runtime.runPromise(handle.stats)
   // rss() alone: process.memoryUsage() walks the heap too (2.7 % of this process's samples at 10
   // reports a second in bench/cost.ts, a cost the hand-written inbox does not pay).
-  emit({ event, ...stats, rss: process.memoryUsage.rss() })
+  emit({ event, ...stats, ...runs, rss: process.memoryUsage.rss() })
 }
 
 let timer: ReturnType<typeof setInterval> | undefined

@@ -24,6 +24,7 @@ import {
   transactionTimedOut,
 } from "./inboxConsumer.ts"
 import { FailedAt, runShared } from "./sharedTransaction.ts"
+import { makeTransactionSize } from "./transactionSize.ts"
 import { permanent, transient, verdictFor } from "./verdict.ts"
 
 export interface ProcessorSettings {
@@ -272,24 +273,31 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
   // Rows of ordered keys processed this cycle: each made its key's next row claimable.
   let advancedKeys = 0
 
+  // Rows per transaction: fewer while handlers fail (transactionSize.ts).
+  const transactionSize = makeTransactionSize()
+
   /**
-   * A lane's rows, `size` to a transaction, one transaction after another; a
-   * key whose row failed holds back its rows after it (they go back, due now,
-   * behind the failed one).
+   * A lane's rows, up to `size` to a transaction (fewer while handlers fail),
+   * one transaction after another; a key whose row failed holds back its rows
+   * after it (they go back, due now, behind the failed one).
    */
   const processLane = (lane: ReadonlyArray<Ready>, size: number, token: string) =>
     Effect.gen(function* () {
       const marks: Array<InboxMark | undefined> = []
       const failedKeys = new Set<string>()
-      for (let i = 0; i < lane.length; i += size) {
+      for (let i = 0; i < lane.length; ) {
+        const take = Math.min(size, transactionSize.current())
         const piece: Ready[] = []
-        for (const item of lane.slice(i, i + size)) {
+        for (const item of lane.slice(i, i + take)) {
           const key = orderedKey(item.row)
           if (key !== null && failedKeys.has(key)) marks.push(heldBack(item.row))
           else piece.push(item)
         }
+        i += take
         if (piece.length === 0) continue
-        const pieceMarks = yield* processChunk(piece, token)
+        const { marks: pieceMarks, failed } = yield* processChunk(piece, token)
+        if (failed) transactionSize.failed()
+        else transactionSize.committed()
         for (const [j, mark] of pieceMarks.entries()) {
           const key = orderedKey(piece[j]!.row)
           if (mark !== undefined && key !== null) failedKeys.add(key)
@@ -299,7 +307,10 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
       return marks
     })
 
-  /** What became of a chunk's rows: the failures as marks; the processed ones counted. */
+  /**
+   * What became of a chunk's rows: the failures as marks; the processed ones counted; and
+   * whether a row failed on its own (not only held back behind one that did).
+   */
   const processChunk = (items: ReadonlyArray<Ready>, token: string) =>
     Effect.flatMap(
       runShared(
@@ -308,26 +319,31 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
         isOutage,
         keyChains,
       ),
-      (results) =>
-        Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
-          const result = results[i]
-          if (result !== undefined && !result.ok && result.error === HELD_BACK)
-            return Effect.succeed(heldBack(item.row))
-          if (result === undefined || !result.ok) {
-            const failure =
-              result === undefined ? permanent("no result for the row") : failureOf(result.error)
-            const verdict = verdictFor(item.row.attempts, failure, p.retry)
-            return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
-          }
-          if (!result.value) return Effect.succeed(undefined)
-          if (item.row.position != null) advancedKeys++
-          if (item.decoded === undefined) {
-            p.counters.duplicates++
-            return Effect.as(Metric.update(Metrics.duplicates, 1), undefined)
-          }
-          p.counters.processed++
-          return Effect.as(Metric.update(Metrics.processed, 1), undefined)
-        }),
+      (results) => {
+        const failed = results.some((result) => !result.ok && result.error !== HELD_BACK)
+        return Effect.map(
+          Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
+            const result = results[i]
+            if (result !== undefined && !result.ok && result.error === HELD_BACK)
+              return Effect.succeed(heldBack(item.row))
+            if (result === undefined || !result.ok) {
+              const failure =
+                result === undefined ? permanent("no result for the row") : failureOf(result.error)
+              const verdict = verdictFor(item.row.attempts, failure, p.retry)
+              return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
+            }
+            if (!result.value) return Effect.succeed(undefined)
+            if (item.row.position != null) advancedKeys++
+            if (item.decoded === undefined) {
+              p.counters.duplicates++
+              return Effect.as(Metric.update(Metrics.duplicates, 1), undefined)
+            }
+            p.counters.processed++
+            return Effect.as(Metric.update(Metrics.processed, 1), undefined)
+          }),
+          (marks) => ({ marks, failed }),
+        )
+      },
     )
 
   return Effect.gen(function* () {

@@ -122,7 +122,16 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
     test("a consumer killed between commit and ack: the redelivery is a no-op", async () => {
       const exchange = uniqueName(`inbox-crash-${mode}`)
       const consumer = uniqueName(`crash-${mode}`)
-      const env = { DB_URL: t.url, AMQP_URL: amqpUrl(), EXCHANGE: exchange, CONSUMER: consumer, MODE: mode }
+      // Store-then-process: the killed process's processor may have claimed the stored rows in
+      // the moment before its SIGKILL; they come back to the next process when that lease ends.
+      const env = {
+        DB_URL: t.url,
+        AMQP_URL: amqpUrl(),
+        EXCHANGE: exchange,
+        CONSUMER: consumer,
+        MODE: mode,
+        LEASE: "2 seconds",
+      }
       const first = await startFixture("test/fixtures/consumer.ts", { ...env, CRASH_ON: "boom" })
       const messages = [note("before"), note("boom"), note("after")]
       await publish(exchange, messages)
@@ -138,7 +147,7 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
       } finally {
         await second.kill("SIGTERM")
       }
-    })
+    }, 20_000)
 
     test("a handler that fails twice then succeeds: one effect, attempts recorded", async () => {
       const exchange = uniqueName(`inbox-flaky-${mode}`)

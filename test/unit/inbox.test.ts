@@ -121,6 +121,20 @@ describe("idempotent inbox", () => {
       }),
     ))
 
+  test("a handler's Effect.tryPromise without a catch records what was thrown, not only the wrapper's words", () =>
+    run(
+      Effect.gen(function* () {
+        const inbox = yield* startInbox(() =>
+          Effect.tryPromise(() => Promise.reject(new Error("the downstream said no"))),
+        )
+        yield* inbox.publish(3)
+        yield* elapse(60_000, 5000)
+        const [row] = inbox.store.rows("c")
+        expect(row?.status).toBe("dead")
+        expect(row?.lastError).toContain("the downstream said no")
+      }),
+    ))
+
   test("a database outage spends no attempt: the delivery comes back and is handled as attempt 1", () =>
     run(
       Effect.gen(function* () {
@@ -211,6 +225,31 @@ describe("store-then-process inbox", () => {
         const [row] = inbox.store.rows("c")
         expect(row).toMatchObject({ status: "dead", attempts: 3 })
         expect(row?.lastError).toContain("(after 3 attempts)")
+      }),
+    ))
+
+  test("a handler that fails once runs few of its batch again: rows share transactions of 16 at most, fewer after a failure", () =>
+    run(
+      Effect.gen(function* () {
+        // The processor claims nothing until all 40 are stored, then all 40 at once, one lane.
+        let open = false
+        const inbox = yield* startInbox(
+          (seen) => (seen.n === 21 && seen.attempt === 1 ? Effect.fail(new Error("flaky")) : Effect.void),
+          { ...mode, batchSize: 40, processorConcurrency: 1 },
+          (store) => ({
+            ...store,
+            claim: (...args) => (open ? store.claim(...args) : Effect.succeed({ token: uuidv7(), rows: [] })),
+          }),
+        )
+        for (let n = 1; n <= 40; n++) yield* inbox.publish(n)
+        open = true
+        yield* elapse(5_000)
+        expect(inbox.store.rows("c").filter((r) => r.status === "processed").length).toBe(40)
+        // Rows 17–32 shared a transaction that #21 failed: 17–20 ran again (one transaction of
+        // 40 ran 1–20 again). After the failure, transactions of 8: #21's retry runs alone later.
+        const again = inbox.runs.filter((r) => r.attempt === 1).length - 40
+        expect(again).toBeLessThanOrEqual(4)
+        expect(inbox.runs.filter((r) => r.n === 21).map((r) => r.attempt)).toEqual([1, 2])
       }),
     ))
 
