@@ -82,9 +82,27 @@ export class HandlerFailed {
 
 /** A readable one-line message for whatever a handler failed with. */
 export const describe = (error: unknown): string => {
-  if (error instanceof Error) return error.message
+  if (error instanceof Error) return withCauses(error.message, error.cause, 3)
   if (typeof error === "object" && error !== null && "message" in error) return String(error.message)
   return typeof error === "string" ? error : (JSON.stringify(error) ?? String(error))
+}
+
+/**
+ * A message and what caused it, as far as the chain says more: `Effect.tryPromise` without a
+ * `catch` fails with "An error occurred in Effect.tryPromise" and the thrown error as its cause,
+ * which is the part a `last_error` must show.
+ */
+const withCauses = (message: string, cause: unknown, depth: number): string => {
+  if (cause === undefined || cause === null || depth === 0) return message
+  const inner =
+    cause instanceof Error
+      ? withCauses(cause.message, cause.cause, depth - 1)
+      : typeof cause === "object" && "message" in cause
+        ? String(cause.message)
+        : typeof cause === "string"
+          ? cause
+          : undefined
+  return inner === undefined || inner === "" || message.includes(inner) ? message : `${message}: ${inner}`
 }
 
 /**
