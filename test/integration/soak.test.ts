@@ -351,7 +351,7 @@ const printReport = (result: SoakResult) => {
     console.error(
       report
         .split("\n")
-        .slice(0, 150)
+        .slice(0, 500)
         .map((line) => `soak-failed| ${line}`)
         .join("\n"),
     )

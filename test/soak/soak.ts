@@ -1234,6 +1234,18 @@ function logHighlights(logDir: string): string[] {
   return out
 }
 
+/** The last `n` lines of each process's log, cut to a readable width. */
+function logTails(logDir: string, n: number): string[] {
+  return readdirSafe(logDir)
+    .filter((f) => f.endsWith(".log") && f !== "soak.log")
+    .flatMap((file) => {
+      const lines = readFileSync(join(logDir, file), "utf8")
+        .split("\n")
+        .filter((l) => l.trim() !== "")
+      return [`${file}:`, ...lines.slice(-n).map((l) => `  | ${l.length > 240 ? `${l.slice(0, 240)}…` : l}`)]
+    })
+}
+
 /** Every log line (any process, any generation) that names one of `ids`: where each message went. */
 function traceMessages(logDir: string, what: string, ids: ReadonlyArray<string>): string[] {
   if (ids.length === 0) return []
@@ -1659,6 +1671,9 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     const highlights = logHighlights(logDir)
     if (highlights.length > 0)
       diag.push("frequent log lines that look like trouble (count × first example):", ...highlights)
+    diag.push("the last lines of each process's log (a process that stopped making progress shows where):")
+    // Last: what CI keeps of a long report is its end.
+    diag.push(...logTails(logDir, 4))
   }
   const logsKept = !ok || options.keepLogs === true
   const result: SoakResult = {
