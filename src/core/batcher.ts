@@ -26,8 +26,8 @@ export interface Batcher<I, O, E> {
 export interface BatcherOptions {
   /** Flushes running at once. @default Infinity */
   readonly concurrency?: number
-  /** Items in one flush at most. @default Infinity */
-  readonly maxSize?: number
+  /** Items in one flush at most; a function is asked before each flush. @default Infinity */
+  readonly maxSize?: number | (() => number)
   /**
    * What waits is spread over the free flushes, this many items or more to each: a flush whose
    * items take a while each (handlers, one after another) ends sooner in parts, while a part
@@ -48,7 +48,8 @@ export const makeBatcher = <I, O, E>(
   options: BatcherOptions = {},
 ): Batcher<I, O, E> => {
   const concurrency = options.concurrency ?? Number.POSITIVE_INFINITY
-  const maxSize = options.maxSize ?? Number.POSITIVE_INFINITY
+  const maxSizeOption = options.maxSize ?? Number.POSITIVE_INFINITY
+  const maxSize = typeof maxSizeOption === "number" ? () => maxSizeOption : maxSizeOption
   const minShare = Math.max(1, options.minShare ?? Number.POSITIVE_INFINITY)
   let queue: Array<Waiting<I, O, E>> = []
   let running = 0
@@ -88,7 +89,7 @@ export const makeBatcher = <I, O, E>(
         // more: a flush's cost is mostly per flush (a transaction's BEGIN and COMMIT are round
         // trips), not per item.
         const parts = Math.max(1, Math.min(concurrency - running, Math.floor(queue.length / minShare)))
-        const size = Math.min(maxSize, Math.ceil(queue.length / parts))
+        const size = Math.max(1, Math.min(maxSize(), Math.ceil(queue.length / parts)))
         start(queue.slice(0, size))
         queue = queue.slice(size)
       }

@@ -35,6 +35,7 @@ import { parseKeyRoutes, type RouteBinding, withAfter } from "./keyRoutes.ts"
 import { PARTITION_ROUTES_HEADER } from "./position.ts"
 import { FailedAt, runShared } from "./sharedTransaction.ts"
 import { storableRow } from "./storable.ts"
+import { makeTransactionSize } from "./transactionSize.ts"
 import { type Failure, outage, permanent, transient, verdictFor } from "./verdict.ts"
 
 export interface InboxCounters {
@@ -345,10 +346,22 @@ const makeIdempotent = (
     )
 
   // Deliveries that arrive while every transaction is busy share the next one; what one failing
-  // handler does to the others is `sharedTransaction.ts`'s rule.
+  // handler does to the others is `sharedTransaction.ts`'s rule. Fewer share one for a while after
+  // a handler failed one (`transactionSize.ts`): the others of a rolled-back transaction run again.
+  const together = makeTransactionSize(MAX_TOGETHER)
   const handleBatcher = makeBatcher<Ready, Handled, HandlerFailed | StoreError>(
-    (items) => runShared(items, handleTogether, isOutage),
-    { concurrency: p.transactions, maxSize: MAX_TOGETHER, minShare: MIN_SHARE },
+    (items) =>
+      Effect.map(runShared(items, handleTogether, isOutage), (results) => {
+        if (items.length > 1) {
+          const failed = results.filter(
+            (result) => !result.ok && result.error instanceof HandlerFailed,
+          ).length
+          if (failed > 0) together.failed(failed)
+          else if (results.every((result) => result.ok)) together.committed()
+        }
+        return results
+      }),
+    { concurrency: p.transactions, maxSize: together.current, minShare: MIN_SHARE },
   )
 
   const handled = (delivery: Delivery, outcome: Handled): Effect.Effect<DeliveryDecision> => {

@@ -296,7 +296,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
         i += take
         if (piece.length === 0) continue
         const { marks: pieceMarks, failed } = yield* processChunk(piece, token)
-        if (failed) transactionSize.failed()
+        if (failed > 0) transactionSize.failed(failed)
         else transactionSize.committed()
         for (const [j, mark] of pieceMarks.entries()) {
           const key = orderedKey(piece[j]!.row)
@@ -309,7 +309,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
 
   /**
    * What became of a chunk's rows: the failures as marks; the processed ones counted; and
-   * whether a row failed on its own (not only held back behind one that did).
+   * how many failed on their own (not only held back behind one that did).
    */
   const processChunk = (items: ReadonlyArray<Ready>, token: string) =>
     Effect.flatMap(
@@ -320,7 +320,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
         keyChains,
       ),
       (results) => {
-        const failed = results.some((result) => !result.ok && result.error !== HELD_BACK)
+        const failed = results.filter((result) => !result.ok && result.error !== HELD_BACK).length
         return Effect.map(
           Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
             const result = results[i]

@@ -1,14 +1,15 @@
 /**
- * How many rows the processor puts in one transaction, adapted to how often
- * handlers fail. Rows share a transaction to spread its round trips, but a
+ * How many rows the processor puts in one transaction (and how many
+ * deliveries share one in idempotent mode), adapted to how often handlers
+ * fail. Rows share a transaction to spread its round trips, but a
  * handler that fails rolls the whole transaction back, and the rows before it
  * run again (`sharedTransaction.ts`): with 5 % of handler runs failing, a
  * transaction of 250 rows ran each handler 3 times, one of 16 1.4 times
- * (bench/ordered.ts `--handler-failures 0.05`). Halved after a transaction a
- * handler failed, one row more after each that committed: under a steady
+ * (bench/ordered.ts `--handler-failures 0.05`). Halved for each handler that
+ * failed a transaction, one row more after each that committed: under a steady
  * failure rate it settles where failures are rare per transaction, and with
  * none it stays at its cap.
- * Pure; one per processor.
+ * Pure; one per processor, one per idempotent consumer (cap 64).
  */
 
 /** Rows in one processor transaction at most. */
@@ -19,8 +20,8 @@ export interface TransactionSize {
   readonly current: () => number
   /** A transaction committed with every handler's work. */
   readonly committed: () => void
-  /** A handler failed a transaction. */
-  readonly failed: () => void
+  /** `handlers` (1 unless told) failed a transaction: halved for each. */
+  readonly failed: (handlers?: number) => void
 }
 
 export const makeTransactionSize = (max: number = MAX_ROWS_PER_TRANSACTION): TransactionSize => {
@@ -30,8 +31,8 @@ export const makeTransactionSize = (max: number = MAX_ROWS_PER_TRANSACTION): Tra
     committed: () => {
       size = Math.min(max, size + 1)
     },
-    failed: () => {
-      size = Math.max(1, Math.floor(size / 2))
+    failed: (handlers = 1) => {
+      size = Math.max(1, Math.floor(size / 2 ** handlers))
     },
   }
 }

@@ -380,6 +380,42 @@ describe("dedupe keys", () => {
     ))
 })
 
+describe("shared transactions", () => {
+  test("idempotent: after handlers failed shared transactions, fewer deliveries share one, so a failure runs few others again", () =>
+    run(
+      Effect.gen(function* () {
+        const failing = new Set([5, 15, 25, 35, 121])
+        // One transaction at a time, held for a second by #0 (#100), so the 40 behind it share the next.
+        const inbox = yield* startInbox(
+          (seen) =>
+            seen.n % 100 === 0
+              ? Effect.sleep("1 second")
+              : failing.has(seen.n) && seen.attempt === 1
+                ? Effect.fail(new Error("flaky"))
+                : Effect.void,
+          { transactions: 1, prefetch: 100 },
+        )
+        const round = (base: number) =>
+          Effect.gen(function* () {
+            yield* Effect.forkChild(inbox.publish(base))
+            yield* settle
+            yield* Effect.all(
+              Array.from({ length: 40 }, (_, i) => inbox.publish(base + 1 + i)),
+              { concurrency: "unbounded" },
+            )
+            yield* elapse(20_000, 250)
+          })
+        yield* round(0)
+        yield* round(100)
+        expect(inbox.store.rows("c").filter((r) => r.status === "processed")).toHaveLength(82)
+        // The second round's failure (#121, 21st of its 40) ran again only the few that shared its
+        // transaction; with all 40 in one transaction it ran the 20 before it again.
+        const again = inbox.runs.filter((r) => r.n > 100 && r.n !== 121 && r.attempt === 1).length - 39
+        expect(again).toBeLessThanOrEqual(8)
+      }),
+    ))
+})
+
 describe("handler timeout", () => {
   test("idempotent: a handler stuck in a shared transaction is the one given up on; the others commit once", () =>
     run(
