@@ -1724,11 +1724,12 @@ export const DRAIN_STRETCH = 5
 
 /**
  * How long a drain past its bound may go without falling before it fails. Longer than an inbox
- * lease (30 s by default) and a restart: the lost acks go on during the drain, and the rows a
- * killed consumer had claimed, the heads of their keys among them, wait for their lease to end
- * while everything behind them waits too: 20 s, shorter than that, could fail a run that was not stuck.
+ * lease (30 s by default) and a restart (6–20 s for a consumer on the loaded box): the lost acks
+ * go on during the drain, and the rows a killed consumer had claimed (a claim takes up to 1,000,
+ * the heads of all its keys among them) wait for their lease to end while everything behind them
+ * waits too. 20 s, shorter than that, could fail a run that was not stuck.
  */
-export const DRAIN_STALL_MS = 45_000
+export const DRAIN_STALL_MS = 60_000
 
 export function formatReport(r: SoakResult): string {
   const c = r.counts
