@@ -348,17 +348,12 @@ const makeIdempotent = (
   // Deliveries that arrive while every transaction is busy share the next one; what one failing
   // handler does to the others is `sharedTransaction.ts`'s rule. Fewer share one for a while after
   // a handler failed one (`transactionSize.ts`): the others of a rolled-back transaction run again.
-  const together = makeTransactionSize(MAX_TOGETHER)
+  const together = makeTransactionSize((error) => error instanceof HandlerFailed, MAX_TOGETHER)
   const handleBatcher = makeBatcher<Ready, Handled, HandlerFailed | StoreError>(
     (items) =>
       Effect.map(runShared(items, handleTogether, isOutage), (results) => {
-        if (items.length > 1) {
-          const failed = results.filter(
-            (result) => !result.ok && result.error instanceof HandlerFailed,
-          ).length
-          if (failed > 0) together.failed(failed)
-          else if (results.every((result) => result.ok)) together.committed()
-        }
+        // A delivery alone says nothing about sharing.
+        if (items.length > 1) together.settle(results)
         return results
       }),
     { concurrency: p.transactions, maxSize: together.current, minShare: MIN_SHARE },

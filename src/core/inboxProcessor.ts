@@ -274,7 +274,9 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
   let advancedKeys = 0
 
   // Rows per transaction: fewer while handlers fail (transactionSize.ts).
-  const transactionSize = makeTransactionSize()
+  const transactionSize = makeTransactionSize(
+    (error) => error instanceof HandlerFailed && error !== HELD_BACK,
+  )
 
   /**
    * A lane's rows, up to `size` to a transaction (fewer while handlers fail),
@@ -295,9 +297,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
         }
         i += take
         if (piece.length === 0) continue
-        const { marks: pieceMarks, failed } = yield* processChunk(piece, token)
-        if (failed > 0) transactionSize.failed(failed)
-        else transactionSize.committed()
+        const pieceMarks = yield* processChunk(piece, token)
         for (const [j, mark] of pieceMarks.entries()) {
           const key = orderedKey(piece[j]!.row)
           if (mark !== undefined && key !== null) failedKeys.add(key)
@@ -307,10 +307,7 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
       return marks
     })
 
-  /**
-   * What became of a chunk's rows: the failures as marks; the processed ones counted; and
-   * how many failed on their own (not only held back behind one that did).
-   */
+  /** What became of a chunk's rows: the failures as marks; the processed ones counted. */
   const processChunk = (items: ReadonlyArray<Ready>, token: string) =>
     Effect.flatMap(
       runShared(
@@ -320,29 +317,26 @@ export const processorCycle = (p: InboxParts, s: ProcessorSettings): Effect.Effe
         keyChains,
       ),
       (results) => {
-        const failed = results.filter((result) => !result.ok && result.error !== HELD_BACK).length
-        return Effect.map(
-          Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
-            const result = results[i]
-            if (result !== undefined && !result.ok && result.error === HELD_BACK)
-              return Effect.succeed(heldBack(item.row))
-            if (result === undefined || !result.ok) {
-              const failure =
-                result === undefined ? permanent("no result for the row") : failureOf(result.error)
-              const verdict = verdictFor(item.row.attempts, failure, p.retry)
-              return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
-            }
-            if (!result.value) return Effect.succeed(undefined)
-            if (item.row.position != null) advancedKeys++
-            if (item.decoded === undefined) {
-              p.counters.duplicates++
-              return Effect.as(Metric.update(Metrics.duplicates, 1), undefined)
-            }
-            p.counters.processed++
-            return Effect.as(Metric.update(Metrics.processed, 1), undefined)
-          }),
-          (marks) => ({ marks, failed }),
-        )
+        transactionSize.settle(results)
+        return Effect.forEach(items, (item, i): Effect.Effect<InboxMark | undefined> => {
+          const result = results[i]
+          if (result !== undefined && !result.ok && result.error === HELD_BACK)
+            return Effect.succeed(heldBack(item.row))
+          if (result === undefined || !result.ok) {
+            const failure =
+              result === undefined ? permanent("no result for the row") : failureOf(result.error)
+            const verdict = verdictFor(item.row.attempts, failure, p.retry)
+            return Effect.succeed(verdict._tag === "Done" ? undefined : { key: item.row.key, verdict })
+          }
+          if (!result.value) return Effect.succeed(undefined)
+          if (item.row.position != null) advancedKeys++
+          if (item.decoded === undefined) {
+            p.counters.duplicates++
+            return Effect.as(Metric.update(Metrics.duplicates, 1), undefined)
+          }
+          p.counters.processed++
+          return Effect.as(Metric.update(Metrics.processed, 1), undefined)
+        })
       },
     )
 

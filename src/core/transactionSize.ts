@@ -11,6 +11,7 @@
  * none it stays at its cap.
  * Pure; one per processor, one per idempotent consumer (cap 64).
  */
+import type { ItemResult } from "./batcher.ts"
 
 /** Rows in one processor transaction at most. */
 export const MAX_ROWS_PER_TRANSACTION = 16
@@ -18,21 +19,31 @@ export const MAX_ROWS_PER_TRANSACTION = 16
 export interface TransactionSize {
   /** Rows the next transaction may take. */
   readonly current: () => number
-  /** A transaction committed with every handler's work. */
-  readonly committed: () => void
-  /** `handlers` (1 unless told) failed a transaction: halved for each. */
-  readonly failed: (handlers?: number) => void
+  /**
+   * What a transaction's rows came to: halved for each whose handler failed, one more when every
+   * row committed; anything else (our database away) leaves the size as it is.
+   */
+  readonly settle: (results: ReadonlyArray<ItemResult<unknown, unknown>>) => void
 }
 
-export const makeTransactionSize = (max: number = MAX_ROWS_PER_TRANSACTION): TransactionSize => {
+export const makeTransactionSize = (
+  /** Whether a row's error is its own handler's failure. */
+  handlerFailed: (error: unknown) => boolean,
+  max: number = MAX_ROWS_PER_TRANSACTION,
+): TransactionSize => {
   let size = max
   return {
     current: () => size,
-    committed: () => {
-      size = Math.min(max, size + 1)
-    },
-    failed: (handlers = 1) => {
-      size = Math.max(1, Math.floor(size / 2 ** handlers))
+    settle: (results) => {
+      let failed = 0
+      let committed = true
+      for (const result of results) {
+        if (result.ok) continue
+        committed = false
+        if (handlerFailed(result.error)) failed++
+      }
+      if (failed > 0) size = Math.max(1, Math.floor(size / 2 ** failed))
+      else if (committed) size = Math.min(max, size + 1)
     },
   }
 }

@@ -549,7 +549,7 @@ export const parkQuery = (
       .with("keys", (qb) =>
         qb
           .selectFrom("inbox as o")
-          .select(["o.partition_key", "o.partition_epoch"])
+          .select(["o.consumer", "o.partition_key", "o.partition_epoch"])
           .distinct()
           .where("o.consumer", "=", consumer)
           .where("o.partition_seq", "is not", null)
@@ -569,7 +569,7 @@ export const parkQuery = (
                 .onRef("c.partition_key", "=", "k.partition_key")
                 .onRef("c.epoch", "=", "k.partition_epoch"),
             )
-            .select(["k.partition_key", "k.partition_epoch"])
+            .select(["k.consumer", "k.partition_key", "k.partition_epoch"])
             // Only keys that cannot move: none of their rows may go now (the head is missing, or dead
             // under "block"). A key with a head that runs has its backlog go on in a moment.
             .where(({ not, exists, selectFrom }) =>
@@ -577,13 +577,7 @@ export const parkQuery = (
                 exists(
                   selectFrom("inbox as h")
                     .select(sql.lit(1).as("one"))
-                    .where("h.consumer", "=", consumer)
-                    .whereRef("h.partition_key", "=", "k.partition_key")
-                    .whereRef("h.partition_epoch", "=", "k.partition_epoch")
-                    // Spelled as the partial index's predicate (inbox_ordered), so the planner uses it.
-                    .where("h.partition_seq", "is not", null)
-                    .where("h.status", "<>", sql.lit("processed"))
-                    .where("h.status", "=", pending)
+                    .where(pendingOfKey("h", "k"))
                     .where("h.visible_at", "<>", PARKED)
                     .where((eb) => eb(waitsForOf("h"), "<=", eb.fn.coalesce("c.last_seq", sql<string>`0`))),
                 ),
@@ -596,16 +590,8 @@ export const parkQuery = (
         sq
           // The stuck keys' rows through inbox_ordered: no scan at all when no key is stuck.
           .selectFrom("stuck")
-          .innerJoin("inbox as w", (join) =>
-            join
-              .onRef("w.partition_key", "=", "stuck.partition_key")
-              .onRef("w.partition_epoch", "=", "stuck.partition_epoch"),
-          )
+          .innerJoin("inbox as w", (join) => join.on(pendingOfKey("w", "stuck")))
           .select("w.message_id")
-          .where("w.consumer", "=", consumer)
-          .where("w.partition_seq", "is not", null)
-          .where("w.status", "<>", sql.lit("processed"))
-          .where("w.status", "=", pending)
           .where("w.visible_at", "<=", now)
           .where("w.received_at", "<", sql<Date>`now() - ${waitedMs}::int * interval '1 millisecond'`)
           .where((eb) => eb.not(goes(eb)))
