@@ -33,8 +33,14 @@ export const spawnChild = <L extends { readonly event: string }>(
 ): Child<L> => {
   // BENCH_CPU_PROF=<dir>: each child writes a CPU profile (markdown) there on exit (a diagnosis knob).
   const profile = process.env.BENCH_CPU_PROF
+  // BENCH_CPU_PROF_TREE=1 with it: a .cpuprofile (the whole call tree) instead of the markdown summary.
+  const tree = process.env.BENCH_CPU_PROF_TREE === "1"
   const flags = profile
-    ? ["--cpu-prof-md", `--cpu-prof-dir=${profile}`, `--cpu-prof-name=${script}-${Date.now()}.md`]
+    ? [
+        tree ? "--cpu-prof" : "--cpu-prof-md",
+        `--cpu-prof-dir=${profile}`,
+        `--cpu-prof-name=${script}-${Date.now()}.${tree ? "cpuprofile" : "md"}`,
+      ]
     : []
   const node = process.env.BENCH_NODE_PROF
   // BENCH_JIT_REPORT=<dir>: each child's JavaScriptCore compilations (what, which tier, how long) go

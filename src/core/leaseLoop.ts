@@ -32,7 +32,7 @@
  * All waiting is on Effect's `Clock`, so `TestClock` drives it in unit tests.
  */
 import { Cause, Clock, Effect, Option } from "effect"
-import { type RetryPolicy, schedule } from "../Retry.ts"
+import { type RetryPolicy, retryAfterFailure, schedule } from "../Retry.ts"
 import type { Signal } from "./signal.ts"
 
 /** What a loop reports about itself, for health checks. */
@@ -190,11 +190,13 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
   // …and the one before it: a look's rows came in between, which gives the rate (none before the
   // first look: its rows could have waited any time).
   let previousStart = Number.NEGATIVE_INFINITY
-  // Unbounded: infrastructure comes back, and the loop must still be there.
+  // Unbounded: infrastructure comes back, and the loop must still be there. Built once: a
+  // schedule is a value, and a cycle that succeeds never steps it.
+  const outage = schedule(loop.outage)
   const step = Effect.flatMap(Clock.currentTimeMillis, (now) => {
     previousStart = cycleStart
     cycleStart = now
-    return Effect.retry(attempt, { schedule: schedule(loop.outage) })
+    return retryAfterFailure(attempt, { schedule: outage })
   }).pipe(Effect.orDie)
   const relookMs = loop.relookMs === undefined ? 0 : Math.min(loop.relookMs, loop.pollMs)
   const hotMs = Math.max(relookMs, loop.hotMs ?? relookMs)

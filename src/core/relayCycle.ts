@@ -6,7 +6,7 @@
  * claimed row is never lost (a dead relay's lease runs out and the row comes
  * due again) and never marked twice (marks match the claim's token).
  */
-import { Effect, Fiber, Metric } from "effect"
+import { Clock, Effect, Fiber, Metric } from "effect"
 import { type StoreError, TransportError } from "../Errors.ts"
 import * as Metrics from "../Metrics.ts"
 import type {
@@ -17,7 +17,7 @@ import type {
   OutboxStoreShape,
 } from "../ports/OutboxStore.ts"
 import type { OutgoingMessage, PublishOutcome, TransportShape } from "../ports/Transport.ts"
-import { type RetryPolicy, schedule } from "../Retry.ts"
+import { type RetryPolicy, retryAfterFailure, schedule } from "../Retry.ts"
 import { bounded } from "./bounded.ts"
 import { holdingLease } from "./heartbeat.ts"
 import { PARTITION_EVERY_MS, PARTITIONS_AHEAD_MS, PARTITIONS_CHECK_MS } from "./partitioning.ts"
@@ -187,13 +187,17 @@ export const publishing = (transport: TransportShape, counters: RelayCounters) =
 export const retriedWrite = (s: RelaySettings) => {
   // Built once: a schedule is a value, and the write runs every cycle.
   const outage = schedule(s.outage)
+  const options = { schedule: outage, while: (e: StoreError) => e.retryable }
+  // The retries alone bounded, by what is left of half the lease: a write that succeeds at once (all
+  // but a few) then costs one bound, not two, and no schedule.
   return <A>(operation: string, write: Effect.Effect<A, StoreError>): Effect.Effect<A, StoreError> =>
-    write.pipe(
-      bounded(operation, s.statementTimeoutMs),
-      Effect.retry({ schedule: outage, while: (e) => e.retryable }),
-      bounded(operation, s.leaseMs / 2),
-      spanned(operation),
-    )
+    Effect.flatMap(Clock.currentTimeMillis, (start) =>
+      retryAfterFailure(bounded(operation, s.statementTimeoutMs)(write), options, (retrying) =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) =>
+          bounded(operation, Math.max(1, s.leaseMs / 2 - (now - start)))(retrying),
+        ),
+      ),
+    ).pipe(spanned(operation))
 }
 
 /**

@@ -6,10 +6,12 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { sql } from "kysely"
+import pg from "pg"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import { OutboxStore } from "../../src/ports/OutboxStore.ts"
 import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
 import * as PostgresJsStore from "../../src/storage/drivers/postgres-js/PostgresJsStore.ts"
+import { MARK_WAIT_MS } from "../../src/storage/sql/heldClaims.ts"
 import { type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
 
 let t: MigratedDatabase
@@ -217,3 +219,87 @@ for (const [driver, layerOf] of Object.entries(stores)) {
     })
   })
 }
+
+// node-postgres sessions: a batch's mark waits for the relay's next look and goes in its round trip.
+describe("held claims (pg): the mark rides with the next claim", () => {
+  const open = () => ManagedRuntime.make(Layer.orDie(stores.pg(t.url)))
+  const done = (claim: { rows: ReadonlyArray<{ id: string }> }) =>
+    claim.rows.map((r) => ({ id: r.id, verdict: { _tag: "Done" } as const }))
+  // Round trips of held-claim scripts (a claim's `BEGIN;…`, a mark's `…;COMMIT`), counted at the driver.
+  const scripts: string[] = []
+  const query = pg.Client.prototype.query
+  beforeAll(() => {
+    pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
+      const text = args[0]
+      if (typeof text === "string" && /^BEGIN;|;COMMIT/.test(text)) scripts.push(text)
+      return (query as (...a: unknown[]) => unknown).apply(this, args)
+    } as typeof query
+  })
+  afterAll(() => {
+    pg.Client.prototype.query = query
+  })
+
+  test("one round trip commits the last batch and claims the next; a mark no claim follows goes alone within MARK_WAIT_MS", async () => {
+    const a = open()
+    try {
+      await sql`UPDATE txbox.outbox SET status = 'sent' WHERE status = 'pending'`.execute(t.db)
+      const first = await seed(3)
+      const claimA = await a.runPromise(OutboxStore.use((s) => s.claim(100, 30_000)))
+      expect(claimA.rows.map((r) => r.id).sort()).toEqual([...first].sort())
+      const markA = a.runPromise(OutboxStore.use((s) => s.mark(claimA.token, done(claimA))))
+      await Bun.sleep(MARK_WAIT_MS / 3)
+      // Waiting for the next look: not written yet.
+      expect((await rowsOf(first)).map((r) => r.status)).toEqual(["pending", "pending", "pending"])
+      const second = await seed(2)
+      const before = scripts.length
+      const claimB = await a.runPromise(OutboxStore.use((s) => s.claim(100, 30_000)))
+      expect(await markA).toBe(3)
+      expect(scripts.length - before).toBe(1)
+      expect(scripts.at(-1)).toMatch(/;COMMIT;BEGIN;/)
+      expect((await rowsOf(first)).map((r) => r.status)).toEqual(["sent", "sent", "sent"])
+      expect(claimB.rows.map((r) => r.id).sort()).toEqual([...second].sort())
+      // No claim after it: the mark goes alone once it has waited MARK_WAIT_MS.
+      const started = performance.now()
+      expect(await a.runPromise(OutboxStore.use((s) => s.mark(claimB.token, done(claimB))))).toBe(2)
+      expect(performance.now() - started).toBeGreaterThanOrEqual(MARK_WAIT_MS - 5)
+      expect((await rowsOf(second)).map((r) => r.status)).toEqual(["sent", "sent"])
+      expect(await idleInTransaction()).toBe(0)
+    } finally {
+      await a.dispose()
+    }
+  })
+
+  test("a mark whose claim is followed by another goes at once: the relay's next look waits for it", async () => {
+    const a = open()
+    try {
+      await sql`UPDATE txbox.outbox SET status = 'sent' WHERE status = 'pending'`.execute(t.db)
+      const ids = await seed(2)
+      const claimA = await a.runPromise(OutboxStore.use((s) => s.claim(1, 30_000)))
+      const claimB = await a.runPromise(OutboxStore.use((s) => s.claim(1, 30_000)))
+      const before = scripts.length
+      expect(await a.runPromise(OutboxStore.use((s) => s.mark(claimA.token, done(claimA))))).toBe(1)
+      expect(scripts.length - before).toBe(1)
+      expect(scripts.at(-1)).not.toMatch(/BEGIN/)
+      await a.runPromise(OutboxStore.use((s) => s.release(claimB.token)))
+      expect((await rowsOf(ids)).map((r) => r.status).sort()).toEqual(["pending", "sent"])
+    } finally {
+      await a.dispose()
+    }
+  })
+
+  test("a store closing with a mark waiting sends it before it closes", async () => {
+    const a = open()
+    await sql`UPDATE txbox.outbox SET status = 'sent' WHERE status = 'pending'`.execute(t.db)
+    const ids = await seed(2)
+    const claim = await a.runPromise(OutboxStore.use((s) => s.claim(100, 30_000)))
+    // Its caller goes with the runtime (a relay's drain would have waited for it); the write does not.
+    const marked = a
+      .runPromise(OutboxStore.use((s) => s.mark(claim.token, done(claim))))
+      .catch(() => "interrupted")
+    await Bun.sleep(1)
+    await a.dispose()
+    expect(await marked).toBe("interrupted")
+    expect((await rowsOf(ids)).map((r) => r.status)).toEqual(["sent", "sent"])
+    expect(await idleInTransaction()).toBe(0)
+  })
+})

@@ -75,6 +75,27 @@ describe("encodeBatches", () => {
     }
   })
 
+  test("bytes are counted in UTF-8 near the limit: multi-byte events fill a batch to it, never past", () => {
+    // 3-byte characters: each event's bytes are well over its UTF-16 length.
+    const wide = (n: number) => outgoing(n, { body: JSON.stringify({ note: "€".repeat(300 + n) }) })
+    const messages = Array.from({ length: 12 }, (_, i) => wide(i + 1))
+    const one = encodeBatches([messages[0]!], "s", { messages: 100, bytes: 1 << 20 }).items[0]!
+    const size = one._tag === "Encoded" ? one.message.content.length : 0
+    for (const limit of [size * 3, size * 4 + 10, size * 7]) {
+      const { items, members } = encodeBatches(messages, "s", { messages: 100, bytes: limit })
+      expect(members.flat()).toEqual(messages.map((_, i) => i))
+      const lengths = items.map((item) => (item._tag === "Encoded" ? item.message.content.length : -1))
+      for (const length of lengths) expect(length).toBeLessThanOrEqual(limit)
+      // Full: the next event would not have fitted (exact counting, not the upper bound).
+      for (let b = 0; b + 1 < members.length; b++) {
+        const next = encodeBatches([messages[members[b + 1]![0]!]!], "s", { messages: 100, bytes: 1 << 20 })
+          .items[0]!
+        const nextBytes = next._tag === "Encoded" ? next.message.content.length - 2 : 0
+        expect(lengths[b]! + 1 + nextBytes).toBeGreaterThan(limit)
+      }
+    }
+  })
+
   test("an event larger than `bytes` goes alone; the others are not held back", () => {
     const big = outgoing(2, { body: JSON.stringify({ blob: "x".repeat(5000) }) })
     const { members } = encodeBatches([outgoing(1), big, outgoing(3)], "s", { messages: 100, bytes: 2000 })

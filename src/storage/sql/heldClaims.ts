@@ -45,13 +45,28 @@ interface Tx {
   readonly touch: () => Promise<void>
   /** Hands the rows back; never rejects. */
   readonly rollback: () => Promise<void>
+  /**
+   * Sessions only: runs `statement`, commits, and opens the next claim's transaction on the same
+   * connection, all in one round trip; `statement`'s row count and the claim's answer. Rejects
+   * when any of it fails: whether the commit happened is then unknown (the rows were published;
+   * if it did not, they come due again and go out twice, as after a crash).
+   */
+  readonly finishThenClaim?: <Row>(
+    statement: CompiledQuery,
+    claim: CompiledQuery<Row>,
+    after?: CompiledQuery,
+  ) => Promise<{ readonly updated: number; readonly answer: Answer<Row> }>
+}
+
+/** A claim's rows, the transaction holding them when there are any, and `after`'s rows. */
+interface Answer<Row> {
+  readonly rows: ReadonlyArray<Row>
+  readonly tx?: Tx
+  readonly after?: ReadonlyArray<unknown>
 }
 
 /** Opens a transaction, runs `claim` in it (and `after`, where free); with no rows, the transaction is over already. */
-type Begin = <Row>(
-  claim: CompiledQuery<Row>,
-  after?: CompiledQuery,
-) => Promise<{ readonly rows: ReadonlyArray<Row>; readonly tx?: Tx; readonly after?: ReadonlyArray<unknown> }>
+type Begin = <Row>(claim: CompiledQuery<Row>, after?: CompiledQuery) => Promise<Answer<Row>>
 
 /**
  * A statement's text with its parameters written in as literals, for the simple query protocol
@@ -106,7 +121,10 @@ const literalOf = (value: unknown, index: number): string => {
 
 const SELECT_1 = CompiledQuery.raw("SELECT 1")
 
-/** Through sessions: BEGIN with the claim, COMMIT with the mark, one round trip each. */
+/**
+ * Through sessions: BEGIN with the claim, COMMIT with the mark, one round trip each; or the mark,
+ * its COMMIT and the next claim's BEGIN with that claim, on the same connection, in one.
+ */
 const sessionBegin =
   (open: () => Promise<DatabaseSession>): Begin =>
   async <Row>(claim: CompiledQuery<Row>, afterClaim?: CompiledQuery) => {
@@ -117,22 +135,35 @@ const sessionBegin =
       done = true
       session.release(broken)
     }
+    const broken = (error: unknown) => end(error instanceof Error ? error : new Error(String(error)))
     const rollback = () =>
       session.script("ROLLBACK").then(
         () => end(),
         (error: Error) => end(error),
       )
-    try {
-      const answers = await session.script(
-        afterClaim === undefined
-          ? `BEGIN;${inlined(claim)}`
-          : `BEGIN;${inlined(claim)};${inlined(afterClaim)}`,
-      )
-      const rows = (answers[1]?.rows ?? []) as ReadonlyArray<Row>
-      const after = afterClaim === undefined ? undefined : (answers[2]?.rows ?? [])
+    /** A claim's round trip, `before` ahead of its BEGIN (`skip` answers); `before`'s row count. */
+    const claimOn = async <R>(
+      before: string,
+      skip: number,
+      next: CompiledQuery<R>,
+      after: CompiledQuery | undefined,
+    ): Promise<{ readonly updated: number; readonly answer: Answer<R> }> => {
+      let answers: ReadonlyArray<{ readonly rows: ReadonlyArray<unknown>; readonly rowCount: number }>
+      try {
+        answers = await session.script(
+          `${before}BEGIN;${inlined(next)}${after === undefined ? "" : `;${inlined(after)}`}`,
+        )
+      } catch (error) {
+        // The transaction is aborted and still open on the connection: close the connection.
+        broken(error)
+        throw error
+      }
+      const updated = skip > 0 ? (answers[0]?.rowCount ?? 0) : 0
+      const rows = (answers[skip + 1]?.rows ?? []) as ReadonlyArray<R>
+      const afterRows = after === undefined ? undefined : (answers[skip + 2]?.rows ?? [])
       if (rows.length === 0) {
         await rollback()
-        return after === undefined ? { rows } : { rows, after }
+        return { updated, answer: afterRows === undefined ? { rows } : { rows, after: afterRows } }
       }
       const tx: Tx = {
         finish: async (statement) => {
@@ -141,19 +172,18 @@ const sessionBegin =
             end()
             return answers[0]?.rowCount ?? 0
           } catch (error) {
-            // The transaction is aborted and still open on the connection: close the connection.
-            end(error instanceof Error ? error : new Error(String(error)))
+            broken(error)
             throw error
           }
         },
+        finishThenClaim: (statement, claim, after) =>
+          claimOn(`${inlined(statement)};COMMIT;`, 2, claim, after),
         touch: () => session.script("SELECT 1").then(() => undefined),
         rollback,
       }
-      return after === undefined ? { rows, tx } : { rows, tx, after }
-    } catch (error) {
-      end(error instanceof Error ? error : new Error(String(error)))
-      throw error
+      return { updated, answer: afterRows === undefined ? { rows, tx } : { rows, tx, after: afterRows } }
     }
+    return (await claimOn("", 0, claim, afterClaim)).answer
   }
 
 /** Through Kysely's controlled transaction: BEGIN, the claim, the mark and COMMIT, each alone. */
@@ -193,14 +223,45 @@ const kyselyBegin =
     }
   }
 
+/**
+ * How long a mark may wait for the next claim's round trip (sessions): at a steady load a relay
+ * looks every 25–50 ms and its batch is confirmed a few ms after its claim, so the next look
+ * comes within this and carries the mark; one that does not come sends it alone. Short next to
+ * `HOT_MS` (Relay.ts): producers skip their NOTIFY for 100 ms after a row was marked sent.
+ */
+export const MARK_WAIT_MS = 45
+
+/** A mark waiting for the next claim's round trip. */
+interface WaitingMark {
+  readonly tx: Tx
+  readonly statement: CompiledQuery
+  readonly resolve: (updated: number) => void
+  readonly reject: (error: unknown) => void
+  readonly timer: ReturnType<typeof setTimeout>
+}
+
 export const makeHeldClaims = <Row extends { readonly id: string }>(
   db: Kysely<TxboxDatabase>,
   session: (() => Promise<DatabaseSession>) | undefined,
   q: HeldStatements<Row>,
+  markWaitMs = MARK_WAIT_MS,
 ) => {
   const begin = session === undefined ? kyselyBegin(db) : sessionBegin(session)
-  const held = new Map<string, { readonly tx: Tx; readonly rows: ReadonlyArray<Row> }>()
+  // Each held claim with its place in the order claims began (`begun`).
+  const held = new Map<string, { readonly tx: Tx; readonly rows: ReadonlyArray<Row>; readonly seq: number }>()
   const idsOf = (rows: ReadonlyArray<{ readonly id: string }>) => JSON.stringify(rows.map((row) => row.id))
+  let begun = 0
+  // At most one: a mark waits only while no claim began after its own.
+  let waiting: WaitingMark | undefined
+
+  /** Sends the waiting mark alone, now; settles when it is answered. */
+  const flushWaiting = (): Promise<unknown> => {
+    const w = waiting
+    if (w === undefined) return Promise.resolve()
+    waiting = undefined
+    clearTimeout(w.timer)
+    return w.tx.finish(w.statement).then(w.resolve, w.reject)
+  }
 
   /** Hands a held claim's rows back (its transaction rolled back); undefined: `token` holds none. */
   const release = (token: string): Promise<number> | undefined => {
@@ -212,7 +273,7 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
 
   /**
    * Up to `limit` due rows, held for `token` until its mark or release; none: nothing left open.
-   * With them, the rows of `afterClaim` when it ran.
+   * With them, the rows of `afterClaim` when it ran. A mark waiting goes in the same round trip.
    */
   const claim = async (
     token: string,
@@ -221,22 +282,38 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
     sinceMs: number,
     shard: ShardParams | undefined,
   ) => {
-    const answer = await begin(
-      q.claimHeld({
-        limit,
-        idleMs: `${Math.ceil(leaseMs)}ms`,
-        sinceMs,
-        ...(shard === undefined ? {} : { shard }),
-      }),
-      q.afterClaim,
-    )
-    if (answer.tx !== undefined) held.set(token, { tx: answer.tx, rows: answer.rows })
+    const seq = ++begun
+    const statement = q.claimHeld({
+      limit,
+      idleMs: `${Math.ceil(leaseMs)}ms`,
+      sinceMs,
+      ...(shard === undefined ? {} : { shard }),
+    })
+    const w = waiting
+    let answer: Answer<Row>
+    if (w?.tx.finishThenClaim === undefined) answer = await begin(statement, q.afterClaim)
+    else {
+      waiting = undefined
+      clearTimeout(w.timer)
+      try {
+        const both = await w.tx.finishThenClaim(w.statement, statement, q.afterClaim)
+        w.resolve(both.updated)
+        answer = both.answer
+      } catch (error) {
+        w.reject(error)
+        throw error
+      }
+    }
+    if (answer.tx !== undefined) held.set(token, { tx: answer.tx, rows: answer.rows, seq })
     return answer
   }
 
   /**
    * Records `marks` and commits; undefined: `token` holds no claim here. A failure rolls back:
-   * nothing recorded, the rows come due again as they were (published twice at worst).
+   * nothing recorded, the rows come due again as they were (published twice at worst). Through a
+   * session, and when no claim began after this one (the relay's next look would wait for this
+   * batch to settle), the mark waits up to `markWaitMs` for the next claim to carry it: a round
+   * trip a batch less, for the relay and for PostgreSQL (bench/cost.ts).
    */
   const mark = (token: string, marks: ReadonlyArray<OutboxMark>): Promise<number> | undefined => {
     const claim = held.get(token)
@@ -244,11 +321,15 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
     held.delete(token)
     if (marks.length === 0) return claim.tx.rollback().then(() => 0)
     const allSent = marks.length === claim.rows.length && marks.every((m) => m.verdict._tag === "Done")
-    return claim.tx.finish(
-      allSent
-        ? q.markHeldSent({ ids: idsOf(claim.rows), token })
-        : q.markHeld({ verdicts: q.verdictsOf(marks) }),
-    )
+    const statement = allSent
+      ? q.markHeldSent({ ids: idsOf(claim.rows), token })
+      : q.markHeld({ verdicts: q.verdictsOf(marks) })
+    if (claim.tx.finishThenClaim === undefined || markWaitMs <= 0 || claim.seq !== begun)
+      return claim.tx.finish(statement)
+    void flushWaiting()
+    return new Promise<number>((resolve, reject) => {
+      waiting = { tx: claim.tx, statement, resolve, reject, timer: setTimeout(flushWaiting, markWaitMs) }
+    })
   }
 
   /** Restarts the held transaction's idle clock; undefined: `token` holds no claim here. */
@@ -258,8 +339,8 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
     return claim.tx.touch().then(() => claim.rows.length)
   }
 
-  /** Hands back every claim still held (the store is closing: a pool waits for its clients). */
-  const releaseAll = (): Promise<unknown> => Promise.all([...held.keys()].map(release))
+  /** Hands back every claim still held, and sends a waiting mark (the store is closing: a pool waits for its clients). */
+  const releaseAll = (): Promise<unknown> => Promise.all([flushWaiting(), ...[...held.keys()].map(release)])
 
   return { claim, mark, extend, release, releaseAll, holds: (token: string) => held.has(token) }
 }
