@@ -317,6 +317,7 @@ export const make = (
       warmMs: WARM_MS,
       // Another relay's publishes say nothing of a share's rows: a sharded relay is never covered.
       ...(c.shard === undefined ? { covered: () => cover.covered } : {}),
+      hearing: () => wakeups.listening,
       // A row due by time (a delay, a retry's backoff, a dead relay's lease) wakes nobody: with a
       // poll interval over a second, a wait ends when the next pending row is due.
       ...(store.nextDueMs === undefined

@@ -26,6 +26,8 @@ const cycleTimes = (
     covered?: (cycle: number) => boolean
     /** What the probe for due rows always answers (ms until one is due; 0: one is due now). */
     nextDueMs?: number
+    /** Whether the loop's wake-ups are heard (its LISTEN works). */
+    hearing?: boolean
   } = {},
 ) =>
   Effect.runPromise(
@@ -49,6 +51,7 @@ const cycleTimes = (
         ...(options.warmMs === undefined ? {} : { warmMs: options.warmMs }),
         ...(options.covered === undefined ? {} : { covered: () => options.covered!(i - 1) }),
         ...(options.nextDueMs === undefined ? {} : { nextDueMs: Effect.succeed(options.nextDueMs) }),
+        ...(options.hearing === undefined ? {} : { hearing: () => options.hearing! }),
         outage: defaultRetryPolicy,
         wake,
         state: makeLoopState(),
@@ -154,6 +157,23 @@ test("covered by another process's looks: no follow-up looks, and polls thin out
   // Uncovered, the same loop looks again at once and polls every interval.
   const alone = await cycleTimes([5], 3_500, { relookMs: 10, warmMs: 1000, covered: () => false })
   expect(alone).toEqual([0, 10, 30, 70, 150, 310, 630, 1000, 2000, 3000])
+})
+
+test("covered while its wake-ups are heard: polls thin out further, to one in 32 intervals; deaf, one in 8", async () => {
+  const heard = await cycleTimes([5], 130_000, {
+    relookMs: 10,
+    warmMs: 1000,
+    covered: () => true,
+    hearing: true,
+  })
+  expect(heard).toEqual([0, 2000, 6000, 14000, 30000, 62000, 94000, 126000])
+  const deaf = await cycleTimes([5], 40_000, {
+    relookMs: 10,
+    warmMs: 1000,
+    covered: () => true,
+    hearing: false,
+  })
+  expect(deaf).toEqual([0, 2000, 6000, 14000, 22000, 30000, 38000])
 })
 
 test("covered, a row always due (a steady load) does not cut the thinned waits short: the other relay claims it", async () => {
