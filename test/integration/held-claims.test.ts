@@ -220,6 +220,23 @@ for (const [driver, layerOf] of Object.entries(stores)) {
   })
 }
 
+/** The database's clock, ms. */
+const dbClock = async () =>
+  Number(
+    (
+      await sql<{ ms: string }>`SELECT (extract(epoch FROM clock_timestamp()) * 1000)::text AS ms`.execute(
+        t.db,
+      )
+    ).rows[0]!.ms,
+  )
+
+/** Each row's `published_at`, ms. */
+const publishedAt = async (ids: ReadonlyArray<string>) =>
+  (
+    await sql<{ ms: string }>`SELECT (extract(epoch FROM published_at) * 1000)::text AS ms FROM txbox.outbox
+      WHERE id = ANY(${ids}::uuid[])`.execute(t.db)
+  ).rows.map((r) => Number(r.ms))
+
 // node-postgres sessions: a batch's mark waits for the relay's next look and goes in its round trip.
 describe("held claims (pg): the mark rides with the next claim", () => {
   const open = () => ManagedRuntime.make(Layer.orDie(stores.pg(t.url)))
@@ -246,6 +263,7 @@ describe("held claims (pg): the mark rides with the next claim", () => {
       const first = await seed(3)
       const claimA = await a.runPromise(OutboxStore.use((s) => s.claim(100, 30_000)))
       expect(claimA.rows.map((r) => r.id).sort()).toEqual([...first].sort())
+      const claimedBy = await dbClock()
       const markA = a.runPromise(OutboxStore.use((s) => s.mark(claimA.token, done(claimA))))
       await Bun.sleep(MARK_WAIT_MS / 3)
       // Waiting for the next look: not written yet.
@@ -257,6 +275,10 @@ describe("held claims (pg): the mark rides with the next claim", () => {
       expect(scripts.length - before).toBe(1)
       expect(scripts.at(-1)).toMatch(/;COMMIT;BEGIN;/)
       expect((await rowsOf(first)).map((r) => r.status)).toEqual(["sent", "sent", "sent"])
+      // Stamped when marked, not when claimed: producers and relays read it as "a relay published
+      // within 100 ms", and the claim was a wait earlier.
+      for (const at of await publishedAt(first))
+        expect(at - claimedBy).toBeGreaterThanOrEqual(MARK_WAIT_MS / 3 - 2)
       expect(claimB.rows.map((r) => r.id).sort()).toEqual([...second].sort())
       // No claim after it: the mark goes alone once it has waited MARK_WAIT_MS.
       const started = performance.now()

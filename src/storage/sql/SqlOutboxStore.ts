@@ -39,7 +39,7 @@ import {
 import type { TxboxDatabase } from "../../ports/tables.ts"
 import { makeClaimWindow, startClaim } from "./claimWindow.ts"
 import { tryStore, tryStoreUndoable } from "./errors.ts"
-import { affected, now, nowMinusMs, nowPlusMs, pending, verdictsJson } from "./fragments.ts"
+import { affected, markedAt, now, nowMinusMs, nowPlusMs, pending, verdictsJson } from "./fragments.ts"
 import { makeHeldClaims } from "./heldClaims.ts"
 import * as opsSql from "./operations.ts"
 import * as partitions from "./partitions.ts"
@@ -228,7 +228,7 @@ export const markQuery = (
         published_at: eb
           .case()
           .when("u.status", "=", sql.lit("sent" as const))
-          .then(now)
+          .then(markedAt)
           .else(eb.ref("o.published_at"))
           .end(),
         // Done carries no error: the last one stays.
@@ -301,7 +301,7 @@ export const markHeldSentQuery = (
 ): CompiledQuery =>
   db
     .updateTable("outbox")
-    .set({ status: sql.lit("sent"), published_at: now, lock_token: token })
+    .set({ status: sql.lit("sent"), published_at: markedAt, lock_token: token })
     .where(claimedRows(ids))
     .where("status", "=", pending)
     .compile()
@@ -320,7 +320,7 @@ export const markAllSentQuery = (
   db
     .updateTable("outbox")
     // The token stays: it names the relay process that published (`lastPublishedQuery`).
-    .set({ status: sql.lit("sent"), published_at: now })
+    .set({ status: sql.lit("sent"), published_at: markedAt })
     .where("status", "=", pending)
     // Bound as text: postgres.js would parse a timestamptz parameter into a Date, dropping microseconds.
     .where("visible_at", "=", sql<Date>`${leaseUntil}::text::timestamptz`)
