@@ -309,6 +309,32 @@ describe("held claims (pg): the mark rides with the next claim", () => {
     }
   })
 
+  test("the claim that carries a mark reads the last publish before it: another relay's, not its own", async () => {
+    const a = open()
+    const b = open()
+    try {
+      await sql`UPDATE txbox.outbox SET status = 'sent', published_at = now() - interval '1 hour'
+        WHERE status = 'pending' OR published_at IS NULL`.execute(t.db)
+      await seed(2)
+      const claimA = await a.runPromise(OutboxStore.use((s) => s.claim(1, 30_000)))
+      const claimB = await b.runPromise(OutboxStore.use((s) => s.claim(1, 30_000)))
+      // b publishes (its mark goes with its next claim, which finds nothing).
+      const markB = b.runPromise(OutboxStore.use((s) => s.mark(claimB.token, done(claimB))))
+      await b.runPromise(OutboxStore.use((s) => s.claim(1, 30_000)))
+      expect(await markB).toBe(1)
+      const markA = a.runPromise(OutboxStore.use((s) => s.mark(claimA.token, done(claimA))))
+      const next = await a.runPromise(OutboxStore.use((s) => s.claim(1, 30_000)))
+      expect(await markA).toBe(1)
+      // Read ahead of a's own mark in the same round trip: b's publish, a moment ago.
+      expect(next.lastPublished?.by).not.toBe("self")
+      expect(next.lastPublished?.agoMs).toBeGreaterThanOrEqual(0)
+      expect(next.lastPublished?.agoMs).toBeLessThan(1000)
+    } finally {
+      await a.dispose()
+      await b.dispose()
+    }
+  })
+
   test("a store closing with a mark waiting sends it before it closes", async () => {
     const a = open()
     await sql`UPDATE txbox.outbox SET status = 'sent' WHERE status = 'pending'`.execute(t.db)

@@ -108,7 +108,11 @@ const lastSent = (from: SelectQueryBuilder<TxboxDatabase, "outbox", object>) =>
 
 /** What a claim reports of `lastSent` (aliased `last`): how long before the statement, and its token. */
 const lastPublishedColumns = [
-  sql<number | null>`(extract(epoch FROM now() - last.published_at) * 1000)::double precision`.as(
+  // The statement's time, not the transaction's: a held claim's probe may run in the last claim's
+  // transaction, ahead of its mark (heldClaims.ts).
+  sql<
+    number | null
+  >`(extract(epoch FROM statement_timestamp() - last.published_at) * 1000)::double precision`.as(
     "last_published_ago_ms",
   ),
   sql<string | null>`last.lock_token::text`.as("last_token"),

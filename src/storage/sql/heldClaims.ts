@@ -33,7 +33,10 @@ export interface HeldStatements<Row> {
   readonly markHeld: (params: { readonly verdicts: string }) => CompiledQuery
   readonly markHeldSent: (params: { readonly ids: string; readonly token: string }) => CompiledQuery
   readonly verdictsOf: (marks: ReadonlyArray<OutboxMark>) => string
-  /** Run after the claim in the same round trip where that costs none (sessions): its rows come back as `after`. */
+  /**
+   * Run in the claim's round trip where that costs none (sessions): its rows come back as `after`.
+   * After the claim; in a round trip that carries the last claim's mark, before that mark.
+   */
   readonly afterClaim?: CompiledQuery
 }
 
@@ -141,26 +144,34 @@ const sessionBegin =
         () => end(),
         (error: Error) => end(error),
       )
-    /** A claim's round trip, `before` ahead of its BEGIN (`skip` answers); `before`'s row count. */
+    /**
+     * A claim's round trip; with `mark`, the last claim's mark and COMMIT go ahead of its BEGIN
+     * (`updated`: the mark's row count), and `after` ahead of the mark: it reads the last publish
+     * as it was before this relay's own, which would otherwise always be the last.
+     */
     const claimOn = async <R>(
-      before: string,
-      skip: number,
+      mark: CompiledQuery | undefined,
       next: CompiledQuery<R>,
       after: CompiledQuery | undefined,
     ): Promise<{ readonly updated: number; readonly answer: Answer<R> }> => {
+      const afterText = after === undefined ? undefined : inlined(after)
+      const script =
+        mark === undefined
+          ? `BEGIN;${inlined(next)}${afterText === undefined ? "" : `;${afterText}`}`
+          : `${afterText === undefined ? "" : `${afterText};`}${inlined(mark)};COMMIT;BEGIN;${inlined(next)}`
       let answers: ReadonlyArray<{ readonly rows: ReadonlyArray<unknown>; readonly rowCount: number }>
       try {
-        answers = await session.script(
-          `${before}BEGIN;${inlined(next)}${after === undefined ? "" : `;${inlined(after)}`}`,
-        )
+        answers = await session.script(script)
       } catch (error) {
         // The transaction is aborted and still open on the connection: close the connection.
         broken(error)
         throw error
       }
-      const updated = skip > 0 ? (answers[0]?.rowCount ?? 0) : 0
-      const rows = (answers[skip + 1]?.rows ?? []) as ReadonlyArray<R>
-      const afterRows = after === undefined ? undefined : (answers[skip + 2]?.rows ?? [])
+      const markAt = afterText === undefined ? 0 : 1
+      const updated = mark === undefined ? 0 : (answers[markAt]?.rowCount ?? 0)
+      const rows = (answers[mark === undefined ? 1 : markAt + 3]?.rows ?? []) as ReadonlyArray<R>
+      const afterRows =
+        afterText === undefined ? undefined : (answers[mark === undefined ? 2 : 0]?.rows ?? [])
       if (rows.length === 0) {
         await rollback()
         return { updated, answer: afterRows === undefined ? { rows } : { rows, after: afterRows } }
@@ -176,14 +187,13 @@ const sessionBegin =
             throw error
           }
         },
-        finishThenClaim: (statement, claim, after) =>
-          claimOn(`${inlined(statement)};COMMIT;`, 2, claim, after),
+        finishThenClaim: (statement, claim, after) => claimOn(statement, claim, after),
         touch: () => session.script("SELECT 1").then(() => undefined),
         rollback,
       }
       return { updated, answer: afterRows === undefined ? { rows, tx } : { rows, tx, after: afterRows } }
     }
-    return (await claimOn("", 0, claim, afterClaim)).answer
+    return (await claimOn(undefined, claim, afterClaim)).answer
   }
 
 /** Through Kysely's controlled transaction: BEGIN, the claim, the mark and COMMIT, each alone. */
