@@ -154,24 +154,26 @@ const sessionBegin =
       next: CompiledQuery<R>,
       after: CompiledQuery | undefined,
     ): Promise<{ readonly updated: number; readonly answer: Answer<R> }> => {
-      const afterText = after === undefined ? undefined : inlined(after)
-      const script =
-        mark === undefined
-          ? `BEGIN;${inlined(next)}${afterText === undefined ? "" : `;${afterText}`}`
-          : `${afterText === undefined ? "" : `${afterText};`}${inlined(mark)};COMMIT;BEGIN;${inlined(next)}`
+      // The statements of the round trip, in order, and where each answer sits.
+      const parts: string[] = []
+      const add = (text: string) => parts.push(text) - 1
+      const probeFirst = mark !== undefined && after !== undefined ? add(inlined(after)) : undefined
+      const markAt = mark === undefined ? undefined : add(inlined(mark))
+      if (mark !== undefined) add("COMMIT")
+      add("BEGIN")
+      const claimAt = add(inlined(next))
+      const afterAt = after === undefined ? undefined : (probeFirst ?? add(inlined(after)))
       let answers: ReadonlyArray<{ readonly rows: ReadonlyArray<unknown>; readonly rowCount: number }>
       try {
-        answers = await session.script(script)
+        answers = await session.script(parts.join(";"))
       } catch (error) {
         // The transaction is aborted and still open on the connection: close the connection.
         broken(error)
         throw error
       }
-      const markAt = afterText === undefined ? 0 : 1
-      const updated = mark === undefined ? 0 : (answers[markAt]?.rowCount ?? 0)
-      const rows = (answers[mark === undefined ? 1 : markAt + 3]?.rows ?? []) as ReadonlyArray<R>
-      const afterRows =
-        afterText === undefined ? undefined : (answers[mark === undefined ? 2 : 0]?.rows ?? [])
+      const updated = markAt === undefined ? 0 : (answers[markAt]?.rowCount ?? 0)
+      const rows = (answers[claimAt]?.rows ?? []) as ReadonlyArray<R>
+      const afterRows = afterAt === undefined ? undefined : (answers[afterAt]?.rows ?? [])
       if (rows.length === 0) {
         await rollback()
         return { updated, answer: afterRows === undefined ? { rows } : { rows, after: afterRows } }
@@ -254,7 +256,6 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
   db: Kysely<TxboxDatabase>,
   session: (() => Promise<DatabaseSession>) | undefined,
   q: HeldStatements<Row>,
-  markWaitMs = MARK_WAIT_MS,
 ) => {
   const begin = session === undefined ? kyselyBegin(db) : sessionBegin(session)
   // Each held claim with its place in the order claims began (`begun`).
@@ -322,7 +323,7 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
    * Records `marks` and commits; undefined: `token` holds no claim here. A failure rolls back:
    * nothing recorded, the rows come due again as they were (published twice at worst). Through a
    * session, and when no claim began after this one (the relay's next look would wait for this
-   * batch to settle), the mark waits up to `markWaitMs` for the next claim to carry it: a round
+   * batch to settle), the mark waits up to `MARK_WAIT_MS` for the next claim to carry it: a round
    * trip a batch less, for the relay and for PostgreSQL (bench/cost.ts).
    */
   const mark = (token: string, marks: ReadonlyArray<OutboxMark>): Promise<number> | undefined => {
@@ -334,11 +335,10 @@ export const makeHeldClaims = <Row extends { readonly id: string }>(
     const statement = allSent
       ? q.markHeldSent({ ids: idsOf(claim.rows), token })
       : q.markHeld({ verdicts: q.verdictsOf(marks) })
-    if (claim.tx.finishThenClaim === undefined || markWaitMs <= 0 || claim.seq !== begun)
-      return claim.tx.finish(statement)
-    void flushWaiting()
+    if (claim.tx.finishThenClaim === undefined || claim.seq !== begun) return claim.tx.finish(statement)
+    // None waits already: its claim was the last to begin, and this one began after it.
     return new Promise<number>((resolve, reject) => {
-      waiting = { tx: claim.tx, statement, resolve, reject, timer: setTimeout(flushWaiting, markWaitMs) }
+      waiting = { tx: claim.tx, statement, resolve, reject, timer: setTimeout(flushWaiting, MARK_WAIT_MS) }
     })
   }
 
