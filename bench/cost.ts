@@ -133,7 +133,17 @@ const config = {
   drainTimeoutMs: args.number("drain-timeout", quick ? 60 : 300) * 1000,
 }
 
-const PARTIES = ["producer", "relay", "inbox", "postgres", "rabbitmq", "total", "other", "jit"] as const
+const PARTIES = [
+  "producer",
+  "relay",
+  "inbox",
+  "postgres",
+  "rabbitmq",
+  "total",
+  "other",
+  "jit",
+  "alloc",
+] as const
 type Party = (typeof PARTIES)[number]
 
 interface Run {
@@ -574,6 +584,9 @@ async function runOnce(
     // (A compiler thread that exits in between takes its time with it: a lower bound.)
     const compiling = () => new Map(pids.flatMap((pid) => [...threadSeconds(pid, "JITWorker")]))
     const compilingBefore = compiling()
+    // …and their allocator's background thread (Bun's mimalloc returning freed pages to the system).
+    const purging = () => new Map(pids.flatMap((pid) => [...threadSeconds(pid, "mi-scavenger")]))
+    const purgingBefore = purging()
     const before = meter.sample(pids)
     const machineBefore = machineTicks()
     producer.send(JSON.stringify({ cmd: "run", run: 1, mode, rate, seconds: config.seconds }))
@@ -601,6 +614,7 @@ async function runOnce(
     )
     const cpu = meter.use(before, meter.sample(pids))
     const compiled = threadsUsed(compilingBefore, compiling())
+    const purged = threadsUsed(purgingBefore, purging())
     const machine = machineUse(machineBefore, machineTicks(), cpu.seconds)
     const claimsAfter = claimsSoFar()
     const claimed =
@@ -704,6 +718,8 @@ async function runOnce(
       ),
       // Of producer + relay + inbox: JavaScriptCore compiling their code (Bun only; 0 under Node).
       jit: committed === 0 ? undefined : (compiled * 1e6) / committed,
+      // Of producer + relay + inbox: the allocator's purge thread ("mi-scavenger"; Bun only).
+      alloc: committed === 0 ? undefined : (purged * 1e6) / committed,
     }
     const run: Run = {
       round: repeat,
