@@ -23,6 +23,7 @@ import {
   type RelaySettings,
   relayCycle,
   retentionPass,
+  type StopResend,
 } from "./core/relayCycle.ts"
 import { makeSignal, subscribeWakeups } from "./core/signal.ts"
 import { uuidv7 } from "./core/uuid.ts"
@@ -302,6 +303,8 @@ export const make = (
 
     // Whether another relay process's looks cover this one's (core/relayCycle.ts's LookCover).
     const cover = { covered: false }
+    // Which broker stop this process has published again what came just before (relayCycle.ts).
+    const stop: StopResend = { answered: undefined }
     const loop = {
       name: "relay",
       batchSize: c.batchSize,
@@ -330,7 +333,7 @@ export const make = (
     for (let i = 0; i < c.workers; i++) {
       // A cycle of its own per worker: it holds the worker's batch in flight (core/relayCycle.ts),
       // which a shutdown waits for.
-      const { cycle, drain } = relayCycle(store, transport, c, counters, cover)
+      const { cycle, drain } = relayCycle(store, transport, c, counters, cover, stop)
       yield* Effect.forkScoped(Effect.ensuring(runLeaseLoop({ ...loop, cycle }), drain))
     }
     if (log !== undefined) {

@@ -79,6 +79,22 @@ const sawClaim = (cover: LookCover, claimed: number, last: OutboxClaim["lastPubl
     claimed < COVERED_BELOW_ROWS && last != null && last.by === "before" && last.agoMs < COVERED_WITHIN_MS
 }
 
+/**
+ * Which broker stop a relay process has answered (`resendAfterStop`): one per process, shared by
+ * its workers.
+ */
+export interface StopResend {
+  answered: number | undefined
+}
+
+/**
+ * After the broker closed the connection because it was stopping, the messages it confirmed within
+ * this long before are published again. A stopping RabbitMQ confirms a message routed to a queue
+ * that stopped meanwhile as if the queue took it (rabbitmq-server#1877): in the suite's soak one
+ * batch confirmed 10 s before the close reached two of its three queues, with `stop_app` 12 s long.
+ */
+export const STOP_RESEND_MS = 60_000
+
 const toOutgoing = (m: OutboxMessage): OutgoingMessage => ({
   id: m.id,
   type: m.type,
@@ -224,6 +240,7 @@ export const relayCycle = (
   s: RelaySettings,
   counters: RelayCounters,
   cover: LookCover = { covered: false },
+  stop: StopResend = { answered: undefined },
 ): RelayCycle => {
   const { publish, tombstones, settled } = publishing(transport, counters)
   // Asked for anew each cycle: a store may decide (or mint a token) when called, not when run.
@@ -255,6 +272,36 @@ export const relayCycle = (
         )
       }),
     )
+
+  // The first connected cycle after a broker stop sets what the broker confirmed shortly before it
+  // back to pending (one worker of the process does; the others go on).
+  const { resendSentSince } = store
+  const { brokerStoppedAt } = transport
+  const resendAfterStop: Effect.Effect<void, StoreError> =
+    resendSentSince === undefined || brokerStoppedAt === undefined
+      ? Effect.void
+      : Effect.flatMap(brokerStoppedAt, (at) => {
+          if (at === undefined || at === stop.answered) return Effect.void
+          stop.answered = at
+          return retried(
+            "Relay.resendAfterStop",
+            Effect.suspend(() => resendSentSince(Date.now() - at + STOP_RESEND_MS)),
+          ).pipe(
+            Effect.flatMap((n) =>
+              n === 0
+                ? Effect.void
+                : Effect.logWarning(
+                    `relay: the broker stopped; publishing again the ${n} message(s) it confirmed in the ${STOP_RESEND_MS / 1000} s before (a stopping queue's confirm is not sure; consumers skip the duplicates)`,
+                  ),
+            ),
+            // Not done: the next cycle tries again.
+            Effect.tapError(() =>
+              Effect.sync(() => {
+                if (stop.answered === at) stop.answered = undefined
+              }),
+            ),
+          )
+        })
 
   // The batch published and marked behind this worker's next look.
   let inFlight: Fiber.Fiber<number, StoreError | TransportError> | undefined
@@ -291,17 +338,21 @@ export const relayCycle = (
         ),
       )
     }
-    return Effect.flatMap(Metrics.timed(Metrics.claimDuration, claim), ({ token, rows, lastPublished }) => {
-      counters.claims++
-      sawClaim(cover, rows.length, lastPublished)
-      return Effect.annotateCurrentSpan("txbox.claimed", rows.length).pipe(
-        Effect.andThen(
-          rows.length === 0
-            ? Effect.as(settlePrevious(inFlight), 0)
-            : Effect.andThen(Metric.update(Metrics.batchSize, rows.length), started(token, rows)),
-        ),
-      )
-    })
+    const claimed = Effect.flatMap(
+      Metrics.timed(Metrics.claimDuration, claim),
+      ({ token, rows, lastPublished }) => {
+        counters.claims++
+        sawClaim(cover, rows.length, lastPublished)
+        return Effect.annotateCurrentSpan("txbox.claimed", rows.length).pipe(
+          Effect.andThen(
+            rows.length === 0
+              ? Effect.as(settlePrevious(inFlight), 0)
+              : Effect.andThen(Metric.update(Metrics.batchSize, rows.length), started(token, rows)),
+          ),
+        )
+      },
+    )
+    return Effect.andThen(resendAfterStop, claimed)
   }).pipe(spanned("Relay.batch", { root: true }))
 
   const drain = Effect.suspend(() =>

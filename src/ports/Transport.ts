@@ -167,6 +167,13 @@ export interface TransportShape {
   ) => Effect.Effect<void, TransportError, Scope.Scope>
   /** Whether the transport currently holds a live connection (for health checks). */
   readonly isConnected: Effect.Effect<boolean>
+  /**
+   * When (`Date.now()`) the broker last closed the connection because it was stopping; undefined:
+   * never, or a transport that cannot tell. A broker confirms a message routed to a queue that
+   * stops meanwhile as if the queue took it (rabbitmq-server#1877), so what it confirmed shortly
+   * before it stopped may be missing from some queues: the relay publishes that again.
+   */
+  readonly brokerStoppedAt?: Effect.Effect<number | undefined>
   /** Its OpenTelemetry messaging identity, for span attributes; absent for an in-process transport. */
   readonly messaging?: MessagingIdentity
 }

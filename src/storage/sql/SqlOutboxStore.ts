@@ -603,6 +603,19 @@ const purgeSent = Effect.fn("OutboxStore.purgeSent")(function* (
 
 const MAX_LEASES = 1024
 
+/** `OutboxStore.resendSentSince`: sent rows marked within `sinceMs`, pending and due again. */
+const resendSentSince = (db: Kysely<TxboxDatabase>) => (sinceMs: number) =>
+  tryStore("OutboxStore.resendSent", () =>
+    db
+      .updateTable("outbox")
+      .set({ status: pending, visible_at: now, lock_token: null })
+      // A literal status and published_at's range: the `outbox_sent` partial index finds them.
+      .where("status", "=", sql.lit("sent"))
+      .where("published_at", ">=", nowMinusMs(sinceMs))
+      .executeTakeFirst()
+      .then((result) => Number(result.numUpdatedRows)),
+  )
+
 /** `OutboxStore.settle`: verdicts for rows no claim holds (a WAL relay's), by id, where still pending. */
 const settleRows =
   (db: Kysely<TxboxDatabase>, q: ReturnType<typeof statements>) => (marks: ReadonlyArray<OutboxMark>) =>
@@ -737,6 +750,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
     lagSeconds,
     nextDueMs,
     purgeSent: (olderThanSeconds, batchSize) => purgeSent(database, olderThanSeconds, batchSize),
+    resendSentSince: resendSentSince(db),
     keepPartitions: (options) => partitions.keepOutboxPartitions(database, options),
     holdTask: (task, holder, ttlMs) =>
       tryStore("OutboxStore.holdTask", () =>

@@ -34,7 +34,18 @@ export interface Connection {
   readonly awaitConnected: Effect.Effect<void>
   /** The error to report when there is no connection. */
   readonly notConnected: (operation: string) => TransportError
+  /** When (`Date.now()`) the broker last closed the connection because its node was stopping; undefined: never. */
+  readonly brokerStoppedAt: () => number | undefined
 }
+
+/**
+ * Whether a connection's close says its broker node is stopping (`rabbitmqctl stop_app`, a node
+ * shutting down): RabbitMQ closes every connection with this text once its queues have stopped.
+ */
+export const closedForShutdown = (cause: unknown): boolean =>
+  /CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'/.test(
+    cause instanceof Error ? cause.message : String(cause),
+  )
 
 /** Closing a channel or connection never hangs the caller for longer than this. */
 const CLOSE_TIMEOUT = Duration.seconds(5)
@@ -346,6 +357,7 @@ export const makeConnection: (
   const cursor: Cursor = { next: Math.floor(Math.random() * config.urls.length) }
   let live: Live | undefined
   let lastError: unknown
+  let brokerStoppedAt: number | undefined
   const connected = yield* Latch.make(false)
   const firstAttempt = Deferred.makeUnsafe<void, TransportError>()
   // From the `close` event on, publish fails fast and subscriptions wait.
@@ -373,6 +385,7 @@ export const makeConnection: (
     }
     const cause = yield* Deferred.await(lost)
     lastError = cause
+    if (closedForShutdown(cause)) brokerStoppedAt = Date.now()
     yield* Effect.logWarning(
       `txbox amqp: connection to ${endpoint} lost (${describeCause(cause)}); reconnecting`,
     )
@@ -410,6 +423,7 @@ export const makeConnection: (
     awaitConnected: connected.await,
     notConnected: (operation) =>
       transportError("connection", operation, lastError === undefined ? "not connected" : lastError),
+    brokerStoppedAt: () => brokerStoppedAt,
   }
   return connection
 })
