@@ -91,7 +91,8 @@ export interface StopResend {
  * After the broker closed the connection because it was stopping, the messages it confirmed within
  * this long before are published again. A stopping RabbitMQ confirms a message routed to a queue
  * that stopped meanwhile as if the queue took it (rabbitmq-server#1877): in the suite's soak one
- * batch confirmed 10 s before the close reached two of its three queues, with `stop_app` 12 s long.
+ * batch marked sent 10 s before the close (a 12 s `stop_app`) never reached one of its three
+ * consumers, whose retry copies that broker also confirmed meanwhile.
  */
 export const STOP_RESEND_MS = 60_000
 

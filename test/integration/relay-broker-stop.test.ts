@@ -1,8 +1,9 @@
 // A broker that stops gracefully (`rabbitmqctl stop_app`) may have confirmed messages that a queue
 // stopping meanwhile never took (rabbitmq-server#1877; the soak lost one batch at one of three
-// queues this way). The relay publishes again what the broker confirmed in the STOP_RESEND_MS
-// before it closed the connection for its shutdown. Real PostgreSQL and a RabbitMQ of the test's
-// own, stopped and started; outcomes read from the outbox table and a durable queue.
+// consumers this way, through the relay's confirm or that of the consumer's retry copies). The
+// relay publishes again what it marked sent in the STOP_RESEND_MS before the broker closed the
+// connection for its shutdown. Real PostgreSQL and a RabbitMQ of the test's own, stopped and
+// started; outcomes read from the outbox table and a durable queue.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import amqp from "amqplib"
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
