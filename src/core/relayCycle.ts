@@ -276,17 +276,22 @@ export const relayCycle = (
 
   // The first connected cycle after a broker stop sets what the broker confirmed shortly before it
   // back to pending (one worker of the process does; the others go on).
-  const { resendSentSince } = store
+  const { resendSent } = store
   const { brokerStoppedAt } = transport
   const resendAfterStop: Effect.Effect<void, StoreError> =
-    resendSentSince === undefined || brokerStoppedAt === undefined
+    resendSent === undefined || brokerStoppedAt === undefined
       ? Effect.void
       : Effect.flatMap(brokerStoppedAt, (at) => {
           if (at === undefined || at === stop.answered) return Effect.void
           stop.answered = at
           return retried(
             "Relay.resendAfterStop",
-            Effect.suspend(() => resendSentSince(Date.now() - at + STOP_RESEND_MS)),
+            // Up to the close, not to now: what another relay process already sent again after
+            // it is not sent a third time.
+            Effect.suspend(() => {
+              const sinceStop = Date.now() - at
+              return resendSent(sinceStop + STOP_RESEND_MS, sinceStop)
+            }),
           ).pipe(
             Effect.flatMap((n) =>
               n === 0

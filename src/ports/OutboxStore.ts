@@ -121,12 +121,12 @@ export interface OutboxStoreShape {
    */
   readonly purgeSent: (olderThanSeconds: number, batchSize: number) => Effect.Effect<number, StoreError>
   /**
-   * Sets the messages marked sent within the last `sinceMs` back to pending and due now, so the
-   * relay publishes them again (at least once: consumers dedupe), keys' numbers and attempts as
-   * they were. Returns how many. The relay calls it after its broker stopped (`brokerStoppedAt`).
-   * Optional: a store without it leaves them sent.
+   * Sets the messages marked sent between `fromMsAgo` and `toMsAgo` ago back to pending and due
+   * now, so the relay publishes them again (at least once: consumers dedupe), keys' numbers and
+   * attempts as they were. Returns how many. The relay calls it after its broker stopped
+   * (`brokerStoppedAt`), for the minute before the stop. Optional: a store without it leaves them sent.
    */
-  readonly resendSentSince?: (sinceMs: number) => Effect.Effect<number, StoreError>
+  readonly resendSent?: (fromMsAgo: number, toMsAgo: number) => Effect.Effect<number, StoreError>
   /**
    * Keeps the partitioned outbox's partitions (migration 0015): creates those
    * from now to `aheadMs` ahead, `everyMs` long, and, given `dropOlderThanMs`,

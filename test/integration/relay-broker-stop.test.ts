@@ -50,7 +50,7 @@ const drain = async (queue: string): Promise<Map<string, number>> => {
 }
 
 describe("relay, broker stopped", () => {
-  test("what the broker confirmed shortly before it stopped is published again once it is back", async () => {
+  test("what the broker confirmed shortly before it stopped is published again once it is back, once however many relays", async () => {
     const exchange = uniqueName("broker-stop")
     const queue = `${exchange}.all`
     const setup = await amqp.connect(rabbit.url)
@@ -60,19 +60,25 @@ describe("relay, broker stopped", () => {
     await channel.bindQueue(queue, exchange, "#")
     await setup.close()
 
-    const runtime = ManagedRuntime.make(
-      Layer.mergeAll(
-        storeLayer(t.url),
-        Layer.orDie(AmqpTransport.layer({ url: rabbit.url, exchange, publishTimeout: "3 seconds" })),
-      ),
+    // Two relay processes' worth: each answers the stop, and still each message goes out once more.
+    const relays = await Promise.all(
+      [0, 1].map(async () => {
+        const runtime = ManagedRuntime.make(
+          Layer.mergeAll(
+            storeLayer(t.url),
+            Layer.orDie(AmqpTransport.layer({ url: rabbit.url, exchange, publishTimeout: "3 seconds" })),
+          ),
+        )
+        const scope = await runtime.runPromise(Scope.make())
+        await runtime.runPromise(
+          Relay.make({ outageRetry: { initialDelay: "50 millis", maxDelay: "500 millis" } }).pipe(
+            Scope.provide(scope),
+          ),
+        )
+        return { runtime, scope }
+      }),
     )
-    const scope = await runtime.runPromise(Scope.make())
     try {
-      await runtime.runPromise(
-        Relay.make({ outageRetry: { initialDelay: "50 millis", maxDelay: "500 millis" } }).pipe(
-          Scope.provide(scope),
-        ),
-      )
       const written = await t.db.transaction().execute((trx) =>
         Effect.runPromise(
           Outbox.enqueueMany(
@@ -111,11 +117,16 @@ describe("relay, broker stopped", () => {
           ) === 20,
         60_000,
       )
+      // A moment for a second resend, were there one.
+      await new Promise((resolve) => setTimeout(resolve, 1_000))
       const again = await drain(queue)
       expect([...again.keys()].sort()).toEqual(ids)
+      expect([...again.values()].every((copies) => copies === 1)).toBe(true)
     } finally {
-      await runtime.runPromise(Scope.close(scope, Exit.void))
-      await runtime.dispose()
+      for (const { runtime, scope } of relays) {
+        await runtime.runPromise(Scope.close(scope, Exit.void))
+        await runtime.dispose()
+      }
     }
   }, 240_000)
 })

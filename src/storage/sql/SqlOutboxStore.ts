@@ -603,15 +603,16 @@ const purgeSent = Effect.fn("OutboxStore.purgeSent")(function* (
 
 const MAX_LEASES = 1024
 
-/** `OutboxStore.resendSentSince`: sent rows marked within `sinceMs`, pending and due again. */
-const resendSentSince = (db: Kysely<TxboxDatabase>) => (sinceMs: number) =>
+/** `OutboxStore.resendSent`: sent rows marked in a range of time, pending and due again. */
+const resendSent = (db: Kysely<TxboxDatabase>) => (fromMsAgo: number, toMsAgo: number) =>
   tryStore("OutboxStore.resendSent", () =>
     db
       .updateTable("outbox")
       .set({ status: pending, visible_at: now, lock_token: null })
       // A literal status and published_at's range: the `outbox_sent` partial index finds them.
       .where("status", "=", sql.lit("sent"))
-      .where("published_at", ">=", nowMinusMs(sinceMs))
+      .where("published_at", ">=", nowMinusMs(fromMsAgo))
+      .where("published_at", "<=", nowMinusMs(toMsAgo))
       .executeTakeFirst()
       .then((result) => Number(result.numUpdatedRows)),
   )
@@ -750,7 +751,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
     lagSeconds,
     nextDueMs,
     purgeSent: (olderThanSeconds, batchSize) => purgeSent(database, olderThanSeconds, batchSize),
-    resendSentSince: resendSentSince(db),
+    resendSent: resendSent(db),
     keepPartitions: (options) => partitions.keepOutboxPartitions(database, options),
     holdTask: (task, holder, ttlMs) =>
       tryStore("OutboxStore.holdTask", () =>
