@@ -204,6 +204,9 @@ describe("what the log's relay leaves to its sweep", () => {
         20_000,
       )
       expect((await statusOf(message!.id))?.attempts).toBe(3)
+      // The relay counts a verdict once its mark's answer is back, a moment after the mark's commit
+      // shows in the table (a held claim's mark rides in the next claim's round trip).
+      await eventually("the relay counts it dead", async () => (await relay.stats()).dead === 1, 5_000)
       const stats = await relay.stats()
       expect(stats.dead).toBe(1)
       expect(stats.retried).toBe(2)
@@ -276,6 +279,8 @@ describe("one reader per slot", () => {
         async () => [...before, ...after].every((r) => wire.counts.has(r.id)),
         5_000,
       )
+      // Counted once the settle's answer is back, a moment after the table shows it.
+      await eventually("the standby counts them", async () => (await standby.stats()).published >= 20, 5_000)
       expect((await standby.stats()).published).toBeGreaterThanOrEqual(20)
     } finally {
       for (const relay of [first, second]) if (!disposed.has(relay)) await relay.dispose()
