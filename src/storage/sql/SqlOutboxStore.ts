@@ -583,7 +583,6 @@ const publisherRank = (token: string | null, rank: string): "self" | "before" | 
   return theirs < rank ? "before" : "after"
 }
 
-/** Claims remembered for `markAllSent` at most; a relay has a claim or two in flight per worker. */
 /** Sent rows older than `olderThanSeconds`, `batchSize` per statement, until none is left. */
 const purgeSent = Effect.fn("OutboxStore.purgeSent")(function* (
   database: DatabaseShape,
@@ -601,6 +600,7 @@ const purgeSent = Effect.fn("OutboxStore.purgeSent")(function* (
   }
 })
 
+/** Claims remembered for `markAllSent` at most; a relay has a claim or two in flight per worker. */
 const MAX_LEASES = 1024
 
 /** `OutboxStore.resendSent`: sent rows marked in a range of time, pending and due again. */
