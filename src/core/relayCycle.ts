@@ -278,36 +278,38 @@ export const relayCycle = (
   // back to pending (one worker of the process does; the others go on).
   const { resendSent } = store
   const { brokerStoppedAt } = transport
-  const resendAfterStop: Effect.Effect<void, StoreError> =
-    resendSent === undefined || brokerStoppedAt === undefined
-      ? Effect.void
-      : Effect.flatMap(brokerStoppedAt, (at) => {
-          if (at === undefined || at === stop.answered) return Effect.void
-          stop.answered = at
-          return retried(
-            "Relay.resendAfterStop",
-            // Up to the close, not to now: what another relay process already sent again after
-            // it is not sent a third time.
-            Effect.suspend(() => {
-              const sinceStop = Date.now() - at
-              return resendSent(sinceStop + STOP_RESEND_MS, sinceStop)
-            }),
-          ).pipe(
-            Effect.flatMap((n) =>
-              n === 0
-                ? Effect.void
-                : Effect.logWarning(
-                    `relay: the broker stopped; publishing again the ${n} message(s) it confirmed in the ${STOP_RESEND_MS / 1000} s before (a stopping queue's confirm is not sure; consumers skip the duplicates)`,
-                  ),
+  // Read synchronously each cycle: while no broker stopped, the cycle pays nothing more.
+  const resendAfterStop = (at: number): Effect.Effect<void, StoreError> => {
+    stop.answered = at
+    return retried(
+      "Relay.resendAfterStop",
+      // Up to the close, not to now: what another relay process already sent again after it is
+      // not sent a third time.
+      Effect.suspend(() => {
+        const sinceStop = Date.now() - at
+        return resendSent!(sinceStop + STOP_RESEND_MS, sinceStop)
+      }),
+    ).pipe(
+      Effect.flatMap((n) =>
+        n === 0
+          ? Effect.void
+          : Effect.logWarning(
+              `relay: the broker stopped; publishing again the ${n} message(s) it confirmed in the ${STOP_RESEND_MS / 1000} s before (a stopping queue's confirm is not sure; consumers skip the duplicates)`,
             ),
-            // Not done: the next cycle tries again.
-            Effect.tapError(() =>
-              Effect.sync(() => {
-                if (stop.answered === at) stop.answered = undefined
-              }),
-            ),
-          )
-        })
+      ),
+      // Not done: the next cycle tries again.
+      Effect.tapError(() =>
+        Effect.sync(() => {
+          if (stop.answered === at) stop.answered = undefined
+        }),
+      ),
+    )
+  }
+  const stoppedUnanswered = (): number | undefined => {
+    if (resendSent === undefined || brokerStoppedAt === undefined) return undefined
+    const at = brokerStoppedAt()
+    return at === undefined || at === stop.answered ? undefined : at
+  }
 
   // The batch published and marked behind this worker's next look.
   let inFlight: Fiber.Fiber<number, StoreError | TransportError> | undefined
@@ -358,7 +360,8 @@ export const relayCycle = (
         )
       },
     )
-    return Effect.andThen(resendAfterStop, claimed)
+    const stoppedAt = stoppedUnanswered()
+    return stoppedAt === undefined ? claimed : Effect.andThen(resendAfterStop(stoppedAt), claimed)
   }).pipe(spanned("Relay.batch", { root: true }))
 
   const drain = Effect.suspend(() =>

@@ -173,7 +173,7 @@ export interface TransportShape {
    * stops meanwhile as if the queue took it (rabbitmq-server#1877), so what it confirmed shortly
    * before it stopped may be missing from some queues: the relay publishes that again.
    */
-  readonly brokerStoppedAt?: Effect.Effect<number | undefined>
+  readonly brokerStoppedAt?: () => number | undefined
   /** Its OpenTelemetry messaging identity, for span attributes; absent for an in-process transport. */
   readonly messaging?: MessagingIdentity
 }

@@ -257,7 +257,7 @@ export const make = (
       publish: makePublish(connection, resolved, lock),
       subscribe: makeSubscribe(connection, resolved),
       isConnected: Effect.sync(() => connection.current() !== undefined),
-      brokerStoppedAt: Effect.sync(connection.brokerStoppedAt),
+      brokerStoppedAt: connection.brokerStoppedAt,
       messaging: { system: "rabbitmq", destination: resolved.exchange },
     })
   })
