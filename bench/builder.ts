@@ -139,7 +139,7 @@ const row: InboxRow = {
   lastError: null,
 }
 
-const outboxStatements = SqlOutboxStore.statements(db)
+const outboxStatements = SqlOutboxStore.statements(db, config.schema)
 const inboxStatements = SqlInboxStore.statements(db)
 const processed = (r: InboxRow) => ({ ...r, headers: JSON.stringify(r.headers ?? {}), bound: null })
 

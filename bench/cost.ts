@@ -691,6 +691,32 @@ async function runOnce(
         `${label}: latency split p50 / p90 / p99 ms: commit → inbox transaction start ${text(r.arrive)}; ` +
           `its start → handler commit ${text(r.inbox)}; commit → relay's mark committed ${text(r.marked)}`,
       )
+      // The tail, by when it happened: the seconds of the run whose messages took longest, and
+      // where their time went (a stall of the whole pipeline, or one part of it).
+      const worst = await sql<{
+        second: string
+        slow: string
+        max_ms: number
+        arrive_ms: number
+        inbox_ms: number
+      }>`
+        SELECT to_char(date_trunc('second', pg_xact_commit_timestamp(o.xmin)), 'HH24:MI:SS') AS second,
+               count(*) FILTER (WHERE pg_xact_commit_timestamp(h.xmin) - pg_xact_commit_timestamp(o.xmin) > interval '50 ms') AS slow,
+               max(extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - pg_xact_commit_timestamp(o.xmin)) * 1000) AS max_ms,
+               max(extract(epoch FROM i.received_at - pg_xact_commit_timestamp(o.xmin)) * 1000) AS arrive_ms,
+               max(extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - i.received_at) * 1000) AS inbox_ms
+        FROM orders o JOIN bench.handled h USING (serial)
+          JOIN txbox.outbox x ON (x.payload ->> 'serial')::int = o.serial
+          JOIN txbox.inbox i ON i.message_id = x.id::text
+        WHERE o.run = 1 GROUP BY 1 ORDER BY 3 DESC LIMIT 6`.execute(bench.db)
+      log(
+        `${label}: slowest seconds (messages over 50 ms; max ms, of it max to the inbox transaction, max in it): ${worst.rows
+          .map(
+            (w) =>
+              `${w.second} ${w.slow}; ${Number(w.max_ms).toFixed(0)}, ${Number(w.arrive_ms).toFixed(0)}, ${Number(w.inbox_ms).toFixed(0)}`,
+          )
+          .join(" | ")}`,
+      )
     }
     const p = (stats.rows[0]!.p ?? []).map(Number)
     const drainSeconds = Math.max(0, Number(stats.rows[0]!.drain ?? 0))

@@ -351,3 +351,28 @@ describe("held claims (pg): the mark rides with the next claim", () => {
     expect(await idleInTransaction()).toBe(0)
   })
 })
+
+describe("held claims on a schema behind this version", () => {
+  test("a claim on a schema without migration 0020's functions fails saying to run `txbox migrate`, and claims nothing", async () => {
+    const behind = await migratedDatabase("held_claims_behind")
+    const runtime = ManagedRuntime.make(Layer.orDie(PgStore.layer({ url: behind.url, listen: false })))
+    try {
+      await sql`INSERT INTO txbox.outbox (id, type, version, payload, visible_at)
+        VALUES (${uuidv7()}::uuid, 'test.event', 1, '{}'::jsonb, now() - interval '1 second')`.execute(
+        behind.db,
+      )
+      await sql`DROP FUNCTION txbox.outbox_claim_held(integer, text, double precision)`.execute(behind.db)
+      const failure = await runtime.runPromise(OutboxStore.use((s) => s.claim(10, 30_000)).pipe(Effect.flip))
+      expect(failure._tag).toBe("StoreError")
+      expect(failure.message).toContain("outbox_claim_held")
+      expect(failure.message).toContain("run `txbox migrate`")
+      expect(failure.retryable).toBe(false)
+      // Nothing claimed, nothing left open.
+      const rows = await sql<{ status: string }>`SELECT status FROM txbox.outbox`.execute(behind.db)
+      expect(rows.rows.map((r) => r.status)).toEqual(["pending"])
+    } finally {
+      await runtime.dispose()
+      await behind.close()
+    }
+  })
+})

@@ -108,7 +108,7 @@ describe("migration 0015 from the plain tables", () => {
     await storeInbox(db, written[1]!.id, "pending")
 
     const result = await Effect.runPromise(migrate(db))
-    expect(result.applied.map((m) => m.version)).toEqual([15, 16, 17, 18, 19])
+    expect(result.applied.map((m) => m.version)).toEqual([15, 16, 17, 18, 19, 20])
     const counts = await sql<{ status: string; n: string }>`
       SELECT status, count(*)::text AS n FROM txbox.outbox GROUP BY status ORDER BY status`.execute(db)
     expect(counts.rows).toEqual([

@@ -93,7 +93,7 @@ describe("relay shards", () => {
 
     // The tenant's claim reads its own entries of outbox_tenant_due (migration 0018), not acme's:
     // one tenant (an equality) and several (= ANY).
-    const q = statements(t.db.withSchema("txbox"))
+    const q = statements(t.db.withSchema("txbox"), "txbox")
     const planOf = (tenants: ReadonlyArray<string>) => {
       const claim = q.claimHeld({
         limit: 1000,

@@ -198,7 +198,7 @@ describe("relay", () => {
       SELECT gen_random_uuid(), 't', 1, '{}', '{}' FROM generate_series(1, 20000)`.execute(t.db)
     await sql`ANALYZE txbox.outbox`.execute(t.db)
     try {
-      const q = statements(t.db.withSchema("txbox"))
+      const q = statements(t.db.withSchema("txbox"), "txbox")
       const ids = JSON.stringify(
         (await sql<{ id: string }>`SELECT id FROM txbox.outbox LIMIT 10`.execute(t.db)).rows.map((r) => r.id),
       )

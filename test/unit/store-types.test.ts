@@ -95,7 +95,7 @@ describe("SQL stores", () => {
 
   test("statements are compiled once and bind the same text and parameters as a fresh compile", () => {
     const db = compileOnly().withSchema("tenant_a")
-    const outbox = SqlOutboxStore.statements(db)
+    const outbox = SqlOutboxStore.statements(db, "tenant_a")
     const inbox = SqlInboxStore.statements(db)
     const verdicts = SqlOutboxStore.markVerdicts([{ id: token, verdict: { _tag: "Done" } }])
     const rows = SqlInboxStore.storedRows([row])

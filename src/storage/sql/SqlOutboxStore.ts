@@ -18,13 +18,14 @@
  */
 import { Effect, Layer, type Scope } from "effect"
 import {
-  type CompiledQuery,
+  CompiledQuery,
   createQueryId,
   type ExpressionBuilder,
   type Kysely,
   type SelectQueryBuilder,
   sql,
 } from "kysely"
+import { quoteIdent } from "../../core/identifier.ts"
 import { uuidv7 } from "../../core/uuid.ts"
 import type { StoreError } from "../../Errors.ts"
 import { Database, type DatabaseShape, notifyChannel } from "../../ports/Database.ts"
@@ -491,18 +492,43 @@ const prepareSharded = <P extends Readonly<Record<string, unknown>>, R>(
   }
 }
 
-/** Compiles every statement once for `db` (bound to txbox's schema). */
-export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
+/**
+ * The relay's statements per batch as calls of migration 0020's functions in `schema`, whose plans
+ * each connection keeps: sent as text, each was planned anew every time, and on the partitioned
+ * outbox planning cost more than running (the migration has the figures). Same answers as
+ * `claimHeldQuery` (unsharded), `lastPublishedQuery` and `markHeldSentQuery` (its count in a
+ * column `updated`: fragments.ts's `updatedOf`).
+ */
+const cachedPlans = (schema: string) => {
+  const fn = (name: string) => `${quoteIdent(schema)}.${name}`
+  const claim = `SELECT * FROM ${fn("outbox_claim_held")}($1, $2, $3)`
+  const markSent = `SELECT ${fn("outbox_mark_held_sent")}($1, $2) AS updated`
+  return {
+    claimHeld: (p: { readonly limit: number; readonly idleMs: string; readonly sinceMs: number }) =>
+      CompiledQuery.raw(claim, [p.limit, p.idleMs, p.sinceMs]) as CompiledQuery<ClaimedRow>,
+    lastPublished: CompiledQuery.raw(
+      `SELECT * FROM ${fn("outbox_last_published")}()`,
+    ) as CompiledQuery<LastPublishedColumns>,
+    markHeldSent: (p: { readonly ids: string; readonly token: string }) =>
+      CompiledQuery.raw(markSent, [p.ids, p.token]),
+  }
+}
+
+/** Compiles every statement once for `db` (bound to txbox's schema, `schema`). */
+export const statements = (db: Kysely<TxboxDatabase>, schema: string): OutboxStatements => {
   const lag = lagQuery(db)
   const nextDue = nextDueQuery(db)
+  const cached = cachedPlans(schema)
+  const claimHeld = prepareSharded(db, claimHeldQuery, { limit: -1, idleMs: "\0idleMs", sinceMs: -3 })
   return {
     claim: prepareSharded(db, claimQuery, { limit: -1, token: "\0token", leaseMs: -2, sinceMs: -3 }),
     mark: prepare(db, markQuery, { token: "\0token", verdicts: "\0verdicts" }),
-    claimHeld: prepareSharded(db, claimHeldQuery, { limit: -1, idleMs: "\0idleMs", sinceMs: -3 }),
+    // A sharded claim keeps its statement: its conditions differ by shard.
+    claimHeld: (params) => (params.shard === undefined ? cached.claimHeld(params) : claimHeld(params)),
     markHeld: prepare(db, (db, p: { verdicts: string }) => markQuery(db, { ...p, token: null }), {
       verdicts: "\0verdicts",
     }),
-    markHeldSent: prepare(db, markHeldSentQuery, { ids: "\0ids", token: "\0token" }),
+    markHeldSent: cached.markHeldSent,
     markAllSent: prepare(db, markAllSentQuery, { token: "\0token", leaseUntil: "\0leaseUntil" }),
     release: prepare(db, releaseQuery, { token: "\0token", ids: "\0ids" }),
     extend: prepare(db, extendQuery, { token: "\0token", leaseMs: -1, ids: "\0ids" }),
@@ -519,7 +545,7 @@ export const statements = (db: Kysely<TxboxDatabase>): OutboxStatements => {
     ),
     lag: () => ({ ...lag, queryId: createQueryId() }),
     nextDue: () => ({ ...nextDue, queryId: createQueryId() }),
-    lastPublished: lastPublishedQuery(db),
+    lastPublished: cached.lastPublished,
   }
 }
 
@@ -630,7 +656,7 @@ export const make: Effect.Effect<OutboxStoreShape, never, Database | Scope.Scope
   const database = yield* Database
   // Bound to txbox's schema once; `withSchema` leaves the CTE's name alone.
   const db = (database.db as Kysely<TxboxDatabase>).withSchema(database.schema)
-  const q = statements(db)
+  const q = statements(db, database.schema)
 
   // Per claim in flight: its rows (extend and release find them by id, written out only then), and
   // the lease it stamped, for `markAllSent` (undefined once extended: another visible_at).

@@ -19,9 +19,29 @@ const CONNECTION_CODES = new Set([
 const CONNECTION_MESSAGES =
   /connection terminated|connection (?:is )?closed|terminating connection|server closed the connection|Client has encountered a connection error|Connection terminated|not queryable|the database system is (?:starting up|shutting down)/i
 
+/** Functions of txbox's migrations that its statements call (0013's, 0020's). */
+const TXBOX_FUNCTIONS = /\b(?:outbox_wake|outbox_claim_held|outbox_last_published|outbox_mark_held_sent)\b/
+
+/**
+ * A call of a function a newer migration adds, on a schema that has not had it: PostgreSQL says
+ * "does not exist", which does not say that `txbox migrate` is the fix.
+ */
+const schemaBehind = (code: unknown, message: string, cause: unknown): unknown =>
+  code === "42883" && TXBOX_FUNCTIONS.test(message) && !message.includes("txbox migrate")
+    ? Object.assign(
+        new Error(`${message} (txbox's schema is behind this version of txbox: run \`txbox migrate\`)`, {
+          cause,
+        }),
+        { code },
+      )
+    : cause
+
 /** Maps a driver error to a `StoreError` reason by SQLSTATE class, socket code or (last) message. */
-export const classifyDbError = (operation: string, cause: unknown): StoreError => {
-  const code = typeof cause === "object" && cause !== null ? (cause as { code?: unknown }).code : undefined
+export const classifyDbError = (operation: string, original: unknown): StoreError => {
+  const code =
+    typeof original === "object" && original !== null ? (original as { code?: unknown }).code : undefined
+  const originalMessage = original instanceof Error ? original.message : String(original)
+  const cause = schemaBehind(code, originalMessage, original)
   const message = cause instanceof Error ? cause.message : String(cause)
   let reason: StoreError["reason"] = "query"
   if (typeof code === "string") {

@@ -60,6 +60,23 @@ export const affected = (result: { readonly numAffectedRows?: bigint }): number 
   Number(result.numAffectedRows ?? 0n)
 
 /**
+ * How many rows a mark wrote: `count` (an UPDATE's), or what a function that answers it says in a
+ * column `updated` (migration 0020's `outbox_mark_held_sent`).
+ */
+export const updatedOf = (rows: ReadonlyArray<unknown>, count: number): number => {
+  const first = rows[0]
+  return typeof first === "object" && first !== null && "updated" in first
+    ? Number((first as { readonly updated: unknown }).updated)
+    : count
+}
+
+/** `updatedOf` for Kysely's answer. */
+export const markedCount = (result: {
+  readonly numAffectedRows?: bigint
+  readonly rows: ReadonlyArray<unknown>
+}): number => updatedOf(result.rows, affected(result))
+
+/**
  * How an existing cursor takes an upserted one (`ON CONFLICT … DO UPDATE SET`):
  * it only ever moves forward. Within an epoch to the greater number (a
  * redriven row that was already passed, a skip that raced the processor);

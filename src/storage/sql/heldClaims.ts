@@ -17,7 +17,7 @@ import { CompiledQuery, type ControlledTransaction, type Kysely } from "kysely"
 import type { DatabaseSession } from "../../ports/Database.ts"
 import type { OutboxMark } from "../../ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
-import { affected } from "./fragments.ts"
+import { markedCount, updatedOf } from "./fragments.ts"
 import type { ShardParams } from "./shard.ts"
 
 /** The statements a held claim runs (SqlOutboxStore.ts's), and how it writes verdicts out. */
@@ -171,7 +171,8 @@ const sessionBegin =
         broken(error)
         throw error
       }
-      const updated = markAt === undefined ? 0 : (answers[markAt]?.rowCount ?? 0)
+      const marked = markAt === undefined ? undefined : answers[markAt]
+      const updated = marked === undefined ? 0 : updatedOf(marked.rows, marked.rowCount)
       const rows = (answers[claimAt]?.rows ?? []) as ReadonlyArray<R>
       const afterRows = afterAt === undefined ? undefined : (answers[afterAt]?.rows ?? [])
       if (rows.length === 0) {
@@ -183,7 +184,8 @@ const sessionBegin =
           try {
             const answers = await session.script(`${inlined(statement)};COMMIT`)
             end()
-            return answers[0]?.rowCount ?? 0
+            const marked = answers[0]
+            return marked === undefined ? 0 : updatedOf(marked.rows, marked.rowCount)
           } catch (error) {
             broken(error)
             throw error
@@ -217,7 +219,7 @@ const kyselyBegin =
       const tx: Tx = {
         finish: async (statement) => {
           try {
-            const updated = affected(await trx.executeQuery(statement))
+            const updated = markedCount(await trx.executeQuery(statement))
             await trx.commit().execute()
             return updated
           } catch (error) {
