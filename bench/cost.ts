@@ -21,7 +21,7 @@
 // The whole matrix runs `--rounds` times (hand and txbox back to back in each cell); the tables
 // show medians, the JSON every run.
 //
-//   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 6] [--settle 10] [--loads max,250,1000] [--topologies 1+1,2+2]
+//   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 6] [--settle 10] [--loads max,250,1000] [--topologies 1+1,2+2] [--partitions 0]
 //                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
 //                     [--pooler direct|pgbouncer[:N]] [--sync-commit off|on]
 import { execFileSync } from "node:child_process"
@@ -30,6 +30,7 @@ import { join } from "node:path"
 import { type Kysely, sql } from "kysely"
 import postgres from "postgres"
 import { defaultRetryPolicy } from "../src/Retry.ts"
+import { DAY_MS, idBound, partitionName, partitionStart } from "../src/storage/sql/partitionBounds.ts"
 import { deadQueueName, delayQueueName, queueName } from "../src/transport/amqp/subscriber.ts"
 import { startPgBouncer } from "../test/support/pgbouncer.ts"
 import { type LocalPostgres, startLocalPostgres } from "../test/support/postgres.ts"
@@ -130,7 +131,30 @@ const config = {
   settleSeconds: args.number("settle", quick ? 0 : 10),
   /** Pooled connections of the producer process: its loops flat out, its most in flight at a rate. */
   connections: args.number("connections", 4),
+  /**
+   * Day partitions of txbox's outbox and inbox besides the default one: the days before today, today
+   * and the three ahead, as retention keeps them (`retention.olderThan` of N − 4 days). 0: the
+   * default partition only, txbox's default without retention.
+   */
+  partitions: args.number("partitions", 0),
   drainTimeoutMs: args.number("drain-timeout", quick ? 60 : 300) * 1000,
+}
+
+/** `count` day partitions of txbox's outbox and inbox: the last ones up to today, and three days ahead. */
+// biome-ignore lint/suspicious/noExplicitAny: the bench's own setup
+const dayPartitions = async (db: Kysely<any>, count: number) => {
+  const today = partitionStart(Date.now(), DAY_MS)
+  for (let i = 0; i < count; i++) {
+    const from = today + (i - (count - 4)) * DAY_MS
+    for (const table of ["outbox", "inbox"]) {
+      const name = partitionName(table, from, DAY_MS)
+      await sql
+        .raw(
+          `CREATE TABLE txbox.${name} PARTITION OF txbox.${table} FOR VALUES FROM ('${idBound(from)}') TO ('${idBound(from + DAY_MS)}')`,
+        )
+        .execute(db)
+    }
+  }
 }
 
 const PARTIES = [
@@ -458,6 +482,7 @@ async function runOnce(
 ): Promise<{ run: Run; clock: "commit" | "insert" }> {
   const label = `${config.rounds > 1 ? `#${repeat} ` : ""}${pipeline} ${topology.name} ${load === "max" ? "flat out" : `${load}/s`}${config.pooler === "direct" ? "" : ` via ${config.pooler}`}`
   const bench = await createBenchDatabase(serverUrl, "cost")
+  if (config.partitions > 0) await dayPartitions(bench.db, config.partitions)
   const pooled = /^pgbouncer(?::(\d+))?$/.exec(config.pooler)
   if (config.pooler !== "direct" && pooled === null)
     throw new Error(`--pooler: ${config.pooler} (direct, pgbouncer or pgbouncer:N)`)
