@@ -260,13 +260,15 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
 const RELOOK_MS = 25
 /**
  * While fewer rows than this come in per 2 × RELOOK_MS, the looks come every 2 × RELOOK_MS: a look
- * costs about the same whatever its size at low rates, so below 800 msg/s a worker looks every
- * 50 ms (the hand-written relay's cadence in bench/cost.ts) and its batches grow instead; above,
- * every 25 ms (from one look's start to the next), for the latency. Per relay process: two relays
- * at 1,000 msg/s each see half, and at 400 msg/s each they claimed twice as often for no gain
- * (PostgreSQL 1.28× the hand-written pipeline's in bench/cost.ts 2 + 2).
+ * costs about the same whatever its size, so below 1,600 msg/s a worker looks every 50 ms (the
+ * hand-written relay's cadence in bench/cost.ts) and its batches grow instead; above, every 25 ms
+ * (from one look's start to the next), for the latency. Per relay process: two relays at 1,000
+ * msg/s each see half. Until 2026-12-04 the bar was 40 rows (800 msg/s): at 1,000 msg/s, 1 + 1,
+ * two rounds each, the relay then cost 1.23× the hand-written one's CPU per message and 0.99× at
+ * 80, the whole pipeline 1,520 → 1,390 µs per message, for commit → handler p50 34 → 50–56 ms
+ * (p99 117–140 ms and 93–316 ms, most of it in stalls of the inbox's transactions either way).
  */
-const FEW_ROWS = 40
+const FEW_ROWS = 80
 /**
  * Producers skip the NOTIFY while a row was published within 100 ms (migration 0014), and for
  * 25 ms more after asking (storage/sql/enqueue.ts's QUIET_MS): a look must come after that window
