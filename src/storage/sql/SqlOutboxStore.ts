@@ -119,13 +119,6 @@ const lastPublishedColumns = [
   sql<string | null>`last.lock_token::text`.as("last_token"),
 ] as const
 
-/** `lastSent` alone, run after a held claim in its round trip: how long ago, and by which claim. */
-export const lastPublishedQuery = (db: Kysely<TxboxDatabase>): CompiledQuery<LastPublishedColumns> =>
-  db
-    .selectFrom((eb) => lastSent(eb.selectFrom("outbox")).as("last"))
-    .select(lastPublishedColumns)
-    .compile()
-
 /**
  * A claim's answer: the rows it took, each with what it saw of the last row
  * any relay marked sent (how long before the claim, and that claim's token);
@@ -239,7 +232,7 @@ export const markQuery = (
         // Done carries no error: the last one stays.
         last_error: eb.fn.coalesce("u.error", "o.last_error"),
         // A sent row keeps its claim's token: it names the relay process that published
-        // (`lastPublishedQuery`). Any other is free again.
+        // (migration 0020's `outbox_last_published`). Any other is free again.
         lock_token: eb
           .case()
           .when("u.status", "=", sql.lit("sent" as const))
@@ -297,21 +290,6 @@ export const claimHeldQuery = (
     .compile()
 
 /**
- * Marks a held claim's rows (a JSON array of ids) sent, all of them: found on the primary key. The
- * claim's `token` stays on them: it names the relay process that published (`lastPublishedQuery`).
- */
-export const markHeldSentQuery = (
-  db: Kysely<TxboxDatabase>,
-  { ids, token }: { readonly ids: string; readonly token: string },
-): CompiledQuery =>
-  db
-    .updateTable("outbox")
-    .set({ status: sql.lit("sent"), published_at: markedAt, lock_token: token })
-    .where(claimedRows(ids))
-    .where("status", "=", pending)
-    .compile()
-
-/**
  * Marks a whole batch sent when every row of it was: no per-row parameter,
  * and the rows are found on the `outbox_due` index by the one `visible_at` the
  * claim stamped on all of them (the sequel article's one UPDATE per message,
@@ -324,7 +302,7 @@ export const markAllSentQuery = (
 ): CompiledQuery =>
   db
     .updateTable("outbox")
-    // The token stays: it names the relay process that published (`lastPublishedQuery`).
+    // The token stays: it names the relay process that published (migration 0020's `outbox_last_published`).
     .set({ status: sql.lit("sent"), published_at: markedAt })
     .where("status", "=", pending)
     // Bound as text: postgres.js would parse a timestamptz parameter into a Date, dropping microseconds.
@@ -432,7 +410,7 @@ export interface OutboxStatements {
   readonly mark: (params: { readonly token: string; readonly verdicts: string }) => CompiledQuery
   readonly claimHeld: (params: Parameters<typeof claimHeldQuery>[1]) => CompiledQuery<ClaimedRow>
   readonly markHeld: (params: { readonly verdicts: string }) => CompiledQuery
-  readonly markHeldSent: (params: Parameters<typeof markHeldSentQuery>[1]) => CompiledQuery
+  readonly markHeldSent: (params: { readonly ids: string; readonly token: string }) => CompiledQuery
   readonly markAllSent: (params: Parameters<typeof markAllSentQuery>[1]) => CompiledQuery
   readonly release: (params: { readonly token: string; readonly ids: string }) => CompiledQuery
   readonly extend: (params: {
@@ -495,9 +473,9 @@ const prepareSharded = <P extends Readonly<Record<string, unknown>>, R>(
 /**
  * The relay's statements per batch as calls of migration 0020's functions in `schema`, whose plans
  * each connection keeps: sent as text, each was planned anew every time, and on the partitioned
- * outbox planning cost more than running (the migration has the figures). Same answers as
- * `claimHeldQuery` (unsharded), `lastPublishedQuery` and `markHeldSentQuery` (its count in a
- * column `updated`: fragments.ts's `updatedOf`).
+ * outbox planning cost more than running (the migration has the figures). The claim answers as
+ * `claimHeldQuery` does unsharded; the probe as the claim's `lastPublishedColumns`; the mark of a
+ * claim's rows, all sent, its count in a column `updated` (fragments.ts's `updatedOf`).
  */
 const cachedPlans = (schema: string) => {
   const fn = (name: string) => `${quoteIdent(schema)}.${name}`
