@@ -100,3 +100,31 @@ test("an invalid payload on a pg client is a ValidationError and nothing is writ
   )
   expect(error._tag).toBe("ValidationError")
 })
+
+test("an enqueue on a schema without 0013's outbox_wake() fails saying to run `txbox migrate`, and writes nothing", async () => {
+  const behind = await migratedDatabase("enqueue_behind")
+  const behindPool = new pg.Pool({ connectionString: behind.url, max: 1 })
+  try {
+    await sql`DROP FUNCTION txbox.outbox_wake()`.execute(behind.db)
+    const client = await behindPool.connect()
+    try {
+      await client.query("BEGIN")
+      // A fresh database and schema: its first enqueue asks outbox_wake() whether to wake a relay.
+      const failure = await Effect.runPromise(
+        Outbox.enqueue(client, Note, { note: "early" }).pipe(Effect.flip),
+      )
+      await client.query("ROLLBACK")
+      expect(failure._tag).toBe("StoreError")
+      expect(failure.message).toContain("outbox_wake")
+      expect(failure.message).toContain("run `txbox migrate`")
+      expect(failure.message.match(/txbox migrate/g)).toHaveLength(1)
+    } finally {
+      client.release()
+    }
+    const rows = await sql<{ n: string }>`SELECT count(*) AS n FROM txbox.outbox`.execute(behind.db)
+    expect(rows.rows[0]!.n).toBe("0")
+  } finally {
+    await behindPool.end()
+    await behind.close()
+  }
+})

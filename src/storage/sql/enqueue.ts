@@ -396,15 +396,14 @@ const writeOnClient = async (
 }
 
 /**
- * Enqueue's failure as a `StoreError`, saying what to do when the schema is behind this txbox: new
- * code that meets an unmigrated schema (0013's `outbox_wake()` missing, or no outbox at all) gets
- * PostgreSQL's "does not exist", which does not say that `txbox migrate` is the fix.
+ * Enqueue's failure as a `StoreError`, saying what to do when there is no outbox at all: PostgreSQL's
+ * "does not exist" does not say that `txbox migrate` is the fix. (A missing `outbox_wake()`, 0013's,
+ * `classifyDbError` hints at for every store statement.)
  */
 const enqueueError = (cause: unknown): StoreError => {
   const code = typeof cause === "object" && cause !== null ? (cause as { code?: unknown }).code : undefined
   const message = cause instanceof Error ? cause.message : String(cause)
-  const behind =
-    (code === "42883" && message.includes("outbox_wake")) || (code === "42P01" && message.includes("outbox"))
+  const behind = code === "42P01" && message.includes("outbox")
   if (!behind) return classifyDbError("Outbox.enqueue", cause)
   const hinted = Object.assign(
     new Error(`${message} (txbox's schema is behind this version of txbox: run \`txbox migrate\`)`, {

@@ -27,7 +27,7 @@ const TXBOX_FUNCTIONS = /\b(?:outbox_wake|outbox_claim_held|outbox_last_publishe
  * "does not exist", which does not say that `txbox migrate` is the fix.
  */
 const schemaBehind = (code: unknown, message: string, cause: unknown): unknown =>
-  code === "42883" && TXBOX_FUNCTIONS.test(message) && !message.includes("txbox migrate")
+  code === "42883" && TXBOX_FUNCTIONS.test(message)
     ? Object.assign(
         new Error(`${message} (txbox's schema is behind this version of txbox: run \`txbox migrate\`)`, {
           cause,
