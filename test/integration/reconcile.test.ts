@@ -113,8 +113,8 @@ describe("txbox reconcile", () => {
     // the day before's.
     const byTenant: Record<string, [number, number]> = {}
     for (const g of report.groups as Array<{ tenant: string; missing: number; inFlight: number }>) {
-      const [missing, inFlight] = byTenant[g.tenant] ?? [0, 0]
-      byTenant[g.tenant] = [missing + g.missing, inFlight + g.inFlight]
+      const [missingSoFar, inFlightSoFar] = byTenant[g.tenant] ?? [0, 0]
+      byTenant[g.tenant] = [missingSoFar + g.missing, inFlightSoFar + g.inFlight]
     }
     expect(byTenant).toEqual({ acme: [1, 2], globex: [2, 1] })
     expect(young).toHaveLength(3)
