@@ -32,7 +32,7 @@ import type { StoreError } from "../../Errors.ts"
 import type { EnqueueRow, Executor, SqlClient, WriteOutbox } from "../../ports/OutboxWriter.ts"
 import type { PartitionPosition } from "../../ports/Transport.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
-import { classifyDbError } from "./errors.ts"
+import { behindHint, classifyDbError } from "./errors.ts"
 
 /** One outbox row, its values as the statement binds them: the row enqueue gave, and its place in its key. */
 interface OutboxValues extends EnqueueRow {
@@ -405,13 +405,7 @@ const enqueueError = (cause: unknown): StoreError => {
   const message = cause instanceof Error ? cause.message : String(cause)
   const behind = code === "42P01" && message.includes("outbox")
   if (!behind) return classifyDbError("Outbox.enqueue", cause)
-  const hinted = Object.assign(
-    new Error(`${message} (txbox's schema is behind this version of txbox: run \`txbox migrate\`)`, {
-      cause,
-    }),
-    { code },
-  )
-  return classifyDbError("Outbox.enqueue", hinted)
+  return classifyDbError("Outbox.enqueue", behindHint(code, message, cause))
 }
 
 /** The `WriteOutbox` port in SQL: numbers the keyed rows, then one INSERT. */

@@ -27,14 +27,16 @@ const TXBOX_FUNCTIONS = /\b(?:outbox_wake|outbox_claim_held|outbox_last_publishe
  * "does not exist", which does not say that `txbox migrate` is the fix.
  */
 const schemaBehind = (code: unknown, message: string, cause: unknown): unknown =>
-  code === "42883" && TXBOX_FUNCTIONS.test(message)
-    ? Object.assign(
-        new Error(`${message} (txbox's schema is behind this version of txbox: run \`txbox migrate\`)`, {
-          cause,
-        }),
-        { code },
-      )
-    : cause
+  code === "42883" && TXBOX_FUNCTIONS.test(message) ? behindHint(code, message, cause) : cause
+
+/** `cause` with its message saying that the schema is behind and `txbox migrate` is the fix. */
+export const behindHint = (code: unknown, message: string, cause: unknown): Error =>
+  Object.assign(
+    new Error(`${message} (txbox's schema is behind this version of txbox: run \`txbox migrate\`)`, {
+      cause,
+    }),
+    { code },
+  )
 
 /** Maps a driver error to a `StoreError` reason by SQLSTATE class, socket code or (last) message. */
 export const classifyDbError = (operation: string, original: unknown): StoreError => {
