@@ -45,6 +45,7 @@ import { makeHeldClaims } from "./heldClaims.ts"
 import * as opsSql from "./operations.ts"
 import * as partitions from "./partitions.ts"
 import { prepare } from "./prepared.ts"
+import { rawStatement } from "./rawStatement.ts"
 import { inShard, type ShardParams, shardBinder } from "./shard.ts"
 
 /** A claimed row as the database returns it. */
@@ -483,12 +484,12 @@ const cachedPlans = (schema: string) => {
   const markSent = `SELECT ${fn("outbox_mark_held_sent")}($1, $2) AS updated`
   return {
     claimHeld: (p: { readonly limit: number; readonly idleMs: string; readonly sinceMs: number }) =>
-      CompiledQuery.raw(claim, [p.limit, p.idleMs, p.sinceMs]) as CompiledQuery<ClaimedRow>,
+      rawStatement<ClaimedRow>(claim, [p.limit, p.idleMs, p.sinceMs]),
     lastPublished: CompiledQuery.raw(
       `SELECT * FROM ${fn("outbox_last_published")}()`,
     ) as CompiledQuery<LastPublishedColumns>,
     markHeldSent: (p: { readonly ids: string; readonly token: string }) =>
-      CompiledQuery.raw(markSent, [p.ids, p.token]),
+      rawStatement(markSent, [p.ids, p.token]),
   }
 }
 

@@ -16,14 +16,12 @@
 import { Effect } from "effect"
 import {
   type CompiledQuery,
-  createQueryId,
   DummyDriver,
   type InferResult,
   Kysely,
   PostgresAdapter,
   PostgresIntrospector,
   PostgresQueryCompiler,
-  RawNode,
   sql,
 } from "kysely"
 import { formatKeyRoutes, type KeyRoutes, withHeader } from "../../core/keyRoutes.ts"
@@ -33,6 +31,7 @@ import type { EnqueueRow, Executor, SqlClient, WriteOutbox } from "../../ports/O
 import type { PartitionPosition } from "../../ports/Transport.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
 import { behindHint, classifyDbError } from "./errors.ts"
+import { rawStatement } from "./rawStatement.ts"
 
 /** One outbox row, its values as the statement binds them: the row enqueue gave, and its place in its key. */
 interface OutboxValues extends EnqueueRow {
@@ -101,22 +100,6 @@ const textsFor = (schema: string): Texts => {
   return t
 }
 
-const rawNodes = new Map<string, RawNode>()
-
-/**
- * `CompiledQuery.raw` without its cost: it freezes a new syntax node and the parameters on every
- * call (about a tenth of a producer's client CPU in bench/cost.ts). The node is made once per text;
- * a `pg` client reads only `sql` and `parameters`, Kysely's driver the same (no plugins run here).
- */
-const statementOf = (text: string, parameters: ReadonlyArray<unknown>): CompiledQuery => {
-  let query = rawNodes.get(text)
-  if (query === undefined) {
-    query = RawNode.createWithSql(text)
-    rawNodes.set(text, query)
-  }
-  return { sql: text, parameters, query, queryId: createQueryId() }
-}
-
 /**
  * How long a process sends its INSERTs without the wake-up check after the check found a relay
  * warm. A warm relay published within 100 ms before the check (migration 0014) and keeps looking
@@ -169,8 +152,8 @@ const insertOutbox = (schema: string, rows: ReadonlyArray<OutboxValues>, check: 
       r.partition_epoch === null &&
       r.partition_seq === null
     )
-      return statementOf(t.plain, [r.id, r.type, r.version, r.payload, r.headers])
-    return statementOf(t.one, [
+      return rawStatement(t.plain, [r.id, r.type, r.version, r.payload, r.headers])
+    return rawStatement(t.one, [
       r.id,
       r.type,
       r.version,
@@ -185,7 +168,7 @@ const insertOutbox = (schema: string, rows: ReadonlyArray<OutboxValues>, check: 
       r.partition_seq,
     ])
   }
-  return statementOf(t.many, [JSON.stringify(rows)])
+  return rawStatement(t.many, [JSON.stringify(rows)])
 }
 
 /** The database's clock in ms since 1970: the enqueue time a message's successors carry for it. */
