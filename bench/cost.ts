@@ -22,7 +22,7 @@
 // show medians, the JSON every run.
 //
 //   bun bench/cost.ts [--quick] [--seconds 10] [--warmup 6] [--settle 10] [--loads max,250,1000] [--topologies 1+1,2+2] [--partitions 0]
-//                     [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
+//                     [--batch-every <ms>] [--pipelines hand,txbox] [--rounds 3] [--connections 4] [--drain-timeout 300]
 //                     [--pooler direct|pgbouncer[:N]] [--sync-commit off|on]
 import { execFileSync } from "node:child_process"
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs"
@@ -137,6 +137,8 @@ const config = {
    * default partition only, txbox's default without retention.
    */
   partitions: args.number("partitions", 0),
+  /** txbox's relays' `batchEvery` (ms): the latency / cost trade of RelayConfig.batchEvery; unset: the default. */
+  batchEveryMs: args.given["batch-every"] === undefined ? undefined : args.number("batch-every", 25),
   drainTimeoutMs: args.number("drain-timeout", quick ? 60 : 300) * 1000,
 }
 
@@ -524,6 +526,7 @@ async function runOnce(
           : {
               ...defaultRelayEnv({ dbUrl, listenUrl: bench.url, amqpUrl, exchange }),
               ...(pipeline === "txbox-wal" ? { SOURCE: "wal" } : {}),
+              ...(config.batchEveryMs === undefined ? {} : { BATCH_EVERY: String(config.batchEveryMs) }),
             },
       ),
     )

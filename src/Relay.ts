@@ -70,11 +70,16 @@ export interface RelayConfig {
    */
   readonly sweepAfter?: Duration.Input
   /**
-   * With `source: "wal"`: the shortest time from one batch's start to the next (twice that while
-   * fewer than 40 rows come in per twice that: below 800 msg/s at the default). Under load a batch is what committed meanwhile, so batches grow
-   * with the rate instead of their number (each costs a publish, a confirm, a settle); the first
-   * commit after a quiet spell goes at once. Lower it for latency, raise it for cost per message.
-   * @default "25 millis" (the polling relay's cadence under load)
+   * The shortest time from one batch's start to the next under load; twice that while few rows
+   * come in (polling: fewer than 80 per twice that, below 1,600 msg/s per relay process at the
+   * default; `source: "wal"`: fewer than 40, below 800 msg/s). A batch is what committed
+   * meanwhile, so batches grow with the rate instead of their number: each costs a claim, a
+   * publish, a confirm and a mark, and downstream a broker message and a consumer delivery. Lower
+   * it for latency, raise it for cost per message: at 1,000 msg/s on one 2-core machine (one relay
+   * and one inbox process, bench/cost.ts) "12 millis" (looks every 24 ms) gave commit → handler
+   * p50/p99 26–27/51–75 ms against 46–52/79–149 at the default, for ~10 % more CPU per message
+   * over all parties, the relay's own ~37 % more (docs/benchmarks.md). The first commit after a quiet spell
+   * is published at once (its NOTIFY wakes the relay). @default "25 millis"
    */
   readonly batchEvery?: Duration.Input
   /** Per-message retries, persisted in `visible_at`. @default defaultRetryPolicy */
@@ -256,26 +261,43 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
     }
   })
 
-/** At a steady load a worker claims this often: the batch grows with the rate, the claims do not. */
-const RELOOK_MS = 25
 /**
- * While fewer rows than this come in per 2 × RELOOK_MS, the looks come every 2 × RELOOK_MS: a look
- * costs about the same whatever its size, so below 1,600 msg/s a worker looks every 50 ms (the
- * hand-written relay's cadence in bench/cost.ts) and its batches grow instead; above, every 25 ms
- * (from one look's start to the next), for the latency. Per relay process: two relays at 1,000
- * msg/s each see half. Until 2026-12-04 the bar was 40 rows (800 msg/s): at 1,000 msg/s, 1 + 1,
- * two rounds each, the relay then cost 1.23× the hand-written one's CPU per message and 0.99× at
- * 80, the whole pipeline 1,520 → 1,390 µs per message, for commit → handler p50 34 → 50–56 ms
- * (p99 117–140 ms and 93–316 ms, most of it in stalls of the inbox's transactions either way).
+ * While fewer rows than this come in per 2 × `batchEvery`, the looks come every 2 × `batchEvery`:
+ * a look costs about the same whatever its size, so at the default 25 ms, below 1,600 msg/s a
+ * worker looks every 50 ms (the hand-written relay's cadence in bench/cost.ts) and its batches grow
+ * instead; above, every 25 ms (from one look's start to the next), for the latency. Per relay
+ * process: two relays at 1,000 msg/s each see half. Until 2026-12-04 the bar was 40 rows (800
+ * msg/s): at 1,000 msg/s, 1 + 1, two rounds each, the relay then cost 1.23× the hand-written one's
+ * CPU per message and 0.99× at 80, the whole pipeline 1,520 → 1,390 µs per message, for commit →
+ * handler p50 34 → 50–56 ms (docs/benchmarks.md, "The relay's cadence", has the A/B).
  */
 const FEW_ROWS = 80
 /**
- * Producers skip the NOTIFY while a row was published within 100 ms (migration 0014), and for
- * 25 ms more after asking (storage/sql/enqueue.ts's QUIET_MS): a look must come after that window
- * has closed, with room for their commits, however long the wait between looks (2 × RELOOK_MS).
+ * Producers skip the NOTIFY while a row was marked sent within 100 ms (migration 0014), and for
+ * 25 ms more after asking (storage/sql/enqueue.ts's QUIET_MS); a batch's mark may wait up to
+ * 45 ms for the next look (heldClaims.ts's MARK_WAIT_MS). A look must come after that window has
+ * closed, with room for their commits, however long the wait between looks: so a worker keeps
+ * looking at its cadence for this long after a look that found rows, longer with a slower cadence
+ * (`pollingCadence`).
  */
 const HOT_MS = 200
+/** What `HOT_MS` must cover beyond one wait between looks: 45 ms of mark, 100 + 25 ms of skipped NOTIFYs, and room. */
+const HOT_BEYOND_LOOK_MS = 150
 const WARM_MS = 1_000
+/** A WAL relay's sweep looks at the polling relay's default cadence, whatever `batchEvery` says of the log's batches. */
+const SWEEP_BATCH_EVERY_MS = 25
+
+/**
+ * The polling relay's looks for `RelayConfig.batchEvery` (ms): a look every `relookMs` under load,
+ * 2 × that below `FEW_ROWS` per 2 × that, kept up for `hotMs` after a look that found rows. A
+ * `batchEvery` of 0 looks as soon as the last look ended.
+ */
+export const pollingCadence = (
+  batchEveryMs: number,
+): { readonly relookMs: number; readonly hotMs: number } => {
+  const relookMs = Math.max(1, batchEveryMs)
+  return { relookMs, hotMs: Math.max(HOT_MS, 2 * relookMs + HOT_BEYOND_LOOK_MS) }
+}
 
 /** Starts the relay's workers in the current scope; closing the scope stops them gracefully. */
 export const make = (
@@ -313,11 +335,11 @@ export const make = (
       pollMs: c.pollMs,
       // Producers skip the NOTIFY while a relay published within the last 100 ms or a committed
       // row is due and unclaimed (migrations 0013, 0014), and such a producer may commit after this
-      // worker's last look: after a cycle that claimed rows it looks again every RELOOK_MS (2× after
-      // fewer than FEW_ROWS) for HOT_MS, then after 2×, 4× … for WARM_MS, which bounds that row's wait unless its
-      // transaction stays open longer than that after enqueue.
-      relookMs: RELOOK_MS,
-      hotMs: HOT_MS,
+      // worker's last look: after a cycle that claimed rows it looks again every `batchEvery` (2×
+      // after fewer than FEW_ROWS) for hotMs, then after 2×, 4× … for WARM_MS, which bounds that
+      // row's wait unless its transaction stays open longer than that after enqueue.
+      // A WAL relay's polling loop is its sweep (delayed and retried rows): `batchEvery` spaces the log's batches.
+      ...pollingCadence(c.source === "wal" ? SWEEP_BATCH_EVERY_MS : c.batchEveryMs),
       fewRows: FEW_ROWS,
       warmMs: WARM_MS,
       // Another relay's publishes say nothing of a share's rows: a sharded relay is never covered.

@@ -176,7 +176,9 @@ export const spawnRelay = (config: RelayChildConfig): Child<RelayStatsLine> =>
     POLL_MS: String(config.pollMs ?? 1000),
     STATS_MS: String(config.statsMs ?? 1000),
     SOURCE: config.source ?? "polling",
-    BATCH_EVERY: config.batchEveryMs === undefined ? "" : String(config.batchEveryMs),
+    // The WAL relay's only (e2e.ts's --batch-every is a WAL knob): a polling relay keeps its default.
+    BATCH_EVERY:
+      config.batchEveryMs === undefined || config.source !== "wal" ? "" : String(config.batchEveryMs),
   })
 
 /**

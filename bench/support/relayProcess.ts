@@ -7,7 +7,7 @@
 //      BATCH, WORKERS, LISTEN ("false" = polling only), POLL_MS,
 //      STATS_MS (default 1000); BATCH, WORKERS, LISTEN and POLL_MS unset or empty = the library's defaults;
 //      SOURCE=wal: the relay reads the outbox's log (WalLog on LISTEN_URL, else DB_URL: a direct URL),
-//      BATCH_EVERY (ms, its batchEvery; unset: the default)
+//      BATCH_EVERY (ms, its batchEvery, polling or wal; unset: the default)
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import * as Relay from "../../src/Relay.ts"
 import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
@@ -94,7 +94,7 @@ const start = async () => {
       ...(workers === undefined ? {} : { workers }),
       ...(pollMs === undefined ? {} : { pollInterval: pollMs }),
       ...(wal ? { source: "wal" as const } : {}),
-      ...(wal && optional("BATCH_EVERY") !== undefined ? { batchEvery: optional("BATCH_EVERY")! } : {}),
+      ...(optional("BATCH_EVERY") !== undefined ? { batchEvery: optional("BATCH_EVERY")! } : {}),
     }).pipe(Scope.provide(scope)),
   )
   await report("stats")

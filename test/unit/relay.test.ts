@@ -537,3 +537,16 @@ describe("source: wal", () => {
 
 /** The TestClock's time, read the way the store reads it. */
 const TestClockNow = Effect.clockWith((clock) => Effect.succeed(clock.currentTimeMillisUnsafe()))
+
+describe("pollingCadence (RelayConfig.batchEvery for a polling relay)", () => {
+  test("the default 25 ms: a look every 25 ms under load, kept up for 200 ms after rows", () => {
+    expect(Relay.pollingCadence(25)).toEqual({ relookMs: 25, hotMs: 200 })
+  })
+  test("a slower cadence keeps looking longer, so rows whose producers skipped the NOTIFY are still found", () => {
+    // 45 ms of mark + 125 ms of skipped NOTIFYs + room, beyond one wait of 2 × 100 ms.
+    expect(Relay.pollingCadence(100)).toEqual({ relookMs: 100, hotMs: 350 })
+  })
+  test("0 looks as soon as the last look ended (1 ms: 0 would mean no follow-up looks at all)", () => {
+    expect(Relay.pollingCadence(0)).toEqual({ relookMs: 1, hotMs: 200 })
+  })
+})
