@@ -269,7 +269,7 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
  * process: two relays at 1,000 msg/s each see half. Until 2026-12-04 the bar was 40 rows (800
  * msg/s): at 1,000 msg/s, 1 + 1, two rounds each, the relay then cost 1.23× the hand-written one's
  * CPU per message and 0.99× at 80, the whole pipeline 1,520 → 1,390 µs per message, for commit →
- * handler p50 34 → 50–56 ms (docs/benchmarks.md, "The relay's cadence", has the A/B).
+ * handler p50 34 → 50–56 ms (docs/benchmarks.md has the A/B, and the trade `batchEvery` makes).
  */
 const FEW_ROWS = 80
 /**
