@@ -3,6 +3,8 @@
 // the one at work leave their follow-up looks to it and poll less often. On real PostgreSQL and
 // RabbitMQ, with each driver: node-postgres holds its claims in a transaction (the probe rides in
 // the claim's round trip), postgres.js leases them (the probe is part of the claim's statement).
+// Last, one relay's own cadence: `batchEvery` spaces its looks (counts from the table, the broker
+// and the relay's counters).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import { Effect, Exit, Layer, ManagedRuntime, Scope } from "effect"
 import * as v from "valibot"
@@ -40,6 +42,12 @@ const enqueue = (n: number) =>
   t.db.transaction().execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Ping, { n })))
 
 const lastPublishedOf = (claim: OutboxClaim) => claim.lastPublished
+
+/** What a relay process runs on: a store of its own (a rank) and a broker connection. */
+const relayRuntime = (exchange: string) =>
+  ManagedRuntime.make(
+    Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
+  )
 
 describe.each(["pg", "postgres.js"] as const)("%s", (driver: Driver) => {
   test("a claim says how long ago the last row was sent, and whether this store's relay sent it or one ranked before or after it", async () => {
@@ -90,11 +98,7 @@ test("three relay processes at a low rate: one does the looking, the others step
   const exchange = uniqueName("cover")
   const seen = await collect(amqpUrl(), exchange, Ping.type)
   // Three relays as three processes would be: a store (a rank) and a connection each; the defaults.
-  const relays = Array.from({ length: 3 }, () =>
-    ManagedRuntime.make(
-      Layer.mergeAll(storeLayer(t.url), Layer.orDie(AmqpTransport.layer({ url: amqpUrl(), exchange }))),
-    ),
-  )
+  const relays = Array.from({ length: 3 }, () => relayRuntime(exchange))
   const scopes = await Promise.all(relays.map((r) => r.runPromise(Scope.make())))
   try {
     const handles = await Promise.all(
@@ -122,4 +126,41 @@ test("three relay processes at a low rate: one does the looking, the others step
     await Promise.all(relays.map((r) => r.dispose()))
     await seen.close()
   }
+}, 60_000)
+
+/** A relay with `config` publishes a trickle of `count` rows, 25 ms apart; its batches. */
+const batchesFor = async (config: Relay.RelayConfig, count: number): Promise<number> => {
+  await t.db.deleteFrom("txbox.outbox").execute()
+  const exchange = uniqueName("cadence")
+  const seen = await collect(amqpUrl(), exchange, Ping.type)
+  const runtime = relayRuntime(exchange)
+  const scope = await runtime.runPromise(Scope.make())
+  try {
+    const handle = await runtime.runPromise(Relay.make(config).pipe(Scope.provide(scope)))
+    for (let n = 0; n < count; n++) {
+      await enqueue(n)
+      await Bun.sleep(25)
+    }
+    await eventually("every row sent", async () => (await outboxCounts(t.db)).sent === count)
+    await eventually("every message routed", async () => seen.counts.size === count)
+    expect([...seen.counts.values()].every((n) => n === 1)).toBe(true)
+    const stats = await Effect.runPromise(handle.stats)
+    expect(stats.published).toBe(count)
+    return stats.batches
+  } finally {
+    await runtime.runPromise(Scope.close(scope, Exit.void))
+    await runtime.dispose()
+    await seen.close()
+  }
+}
+
+// RelayConfig.batchEvery sets the polling relay's cadence (issue #21's latency / cost trade).
+test("batchEvery spaces the polling relay's batches: 400 ms takes a 3 s trickle in a handful, the default in dozens", async () => {
+  // 40 rows a second for 3 s. At the default (25 ms) the relay looks every 50 ms at this rate:
+  // ~60 batches. At 400 ms it looks every 800 ms, or 400 ms after its last look when a producer's
+  // NOTIFY comes first: 4–8 batches.
+  const spaced = await batchesFor({ batchEvery: "400 millis" }, 120)
+  const byDefault = await batchesFor({}, 120)
+  expect(spaced).toBeLessThanOrEqual(12)
+  expect(byDefault).toBeGreaterThanOrEqual(25)
 }, 60_000)
