@@ -43,6 +43,20 @@ const enqueue = (n: number) =>
 
 const lastPublishedOf = (claim: OutboxClaim) => claim.lastPublished
 
+/**
+ * Enqueues `count` rows 25 ms apart (40 a second), then waits until every row is sent and the
+ * broker routed each message exactly once (counted at the table and at the queue).
+ */
+const trickleOnce = async (count: number, seen: { readonly counts: Map<string, number> }) => {
+  for (let n = 0; n < count; n++) {
+    await enqueue(n)
+    await Bun.sleep(25)
+  }
+  await eventually("every row sent", async () => (await outboxCounts(t.db)).sent === count)
+  await eventually("every message routed", async () => seen.counts.size === count)
+  expect([...seen.counts.values()].every((n) => n === 1)).toBe(true)
+}
+
 /** What a relay process runs on: a store of its own (a rank) and a broker connection. */
 const relayRuntime = (exchange: string) =>
   ManagedRuntime.make(
@@ -106,13 +120,7 @@ test("three relay processes at a low rate: one does the looking, the others step
     )
     // 40 messages a second for 4 s: a rate one relay's looks every 50 ms take whole.
     const count = 160
-    for (let n = 0; n < count; n++) {
-      await enqueue(n)
-      await Bun.sleep(25)
-    }
-    await eventually("every row sent", async () => (await outboxCounts(t.db)).sent === count)
-    await eventually("every message routed", async () => seen.counts.size === count)
-    expect([...seen.counts.values()].every((n) => n === 1)).toBe(true)
+    await trickleOnce(count, seen)
     const stats = await Promise.all(handles.map((h) => Effect.runPromise(h.stats)))
     expect(stats.reduce((n, s) => n + s.published, 0)).toBe(count)
     const claims = stats.map((s) => s.claims).sort((x, y) => y - x)
@@ -137,13 +145,7 @@ const batchesFor = async (config: Relay.RelayConfig, count: number): Promise<num
   const scope = await runtime.runPromise(Scope.make())
   try {
     const handle = await runtime.runPromise(Relay.make(config).pipe(Scope.provide(scope)))
-    for (let n = 0; n < count; n++) {
-      await enqueue(n)
-      await Bun.sleep(25)
-    }
-    await eventually("every row sent", async () => (await outboxCounts(t.db)).sent === count)
-    await eventually("every message routed", async () => seen.counts.size === count)
-    expect([...seen.counts.values()].every((n) => n === 1)).toBe(true)
+    await trickleOnce(count, seen)
     const stats = await Effect.runPromise(handle.stats)
     expect(stats.published).toBe(count)
     return stats.batches
