@@ -274,14 +274,17 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
 const FEW_ROWS = 80
 /**
  * Producers skip the NOTIFY while a row was marked sent within 100 ms (migration 0014), and for
- * 25 ms more after asking (storage/sql/enqueue.ts's QUIET_MS); a batch's mark may wait up to
- * 45 ms for the next look (heldClaims.ts's MARK_WAIT_MS). A look must come after that window has
+ * 25 ms more after asking (storage/sql/enqueue.ts's QUIET_MS); a batch's mark goes with the next
+ * look, or alone after 70 ms (heldClaims.ts's MARK_WAIT_MS). A look must come after that window has
  * closed, with room for their commits, however long the wait between looks: so a worker keeps
  * looking at its cadence for this long after a look that found rows, longer with a slower cadence
  * (`pollingCadence`).
  */
 const HOT_MS = 200
-/** What `HOT_MS` must cover beyond one wait between looks: 45 ms of mark, 100 + 25 ms of skipped NOTIFYs, and room. */
+/**
+ * What `HOT_MS` must cover beyond one wait between looks: the mark (it rides that look; alone, it
+ * waits 70 ms only when the wait is longer), 100 + 25 ms of skipped NOTIFYs, and room.
+ */
 const HOT_BEYOND_LOOK_MS = 150
 const WARM_MS = 1_000
 /** A WAL relay's sweep looks at the polling relay's default cadence, whatever `batchEvery` says of the log's batches. */
@@ -326,7 +329,7 @@ export const make = (
     const log = c.source === "wal" ? yield* walSource(store) : undefined
 
     // Whether another relay process's looks cover this one's (core/relayCycle.ts's LookCover).
-    const cover = { covered: false }
+    const cover = { covered: false, leading: false }
     // Which broker stop this process has published again what came just before (relayCycle.ts).
     const stop: StopResend = { answered: undefined }
     const loop = {
@@ -343,7 +346,7 @@ export const make = (
       fewRows: FEW_ROWS,
       warmMs: WARM_MS,
       // Another relay's publishes say nothing of a share's rows: a sharded relay is never covered.
-      ...(c.shard === undefined ? { covered: () => cover.covered } : {}),
+      ...(c.shard === undefined ? { covered: () => cover.covered, leads: () => cover.leading } : {}),
       hearing: () => wakeups.listening,
       // A row due by time (a delay, a retry's backoff, a dead relay's lease) wakes nobody: with a
       // poll interval over a second, a wait ends when the next pending row is due.

@@ -95,6 +95,12 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
    */
   readonly covered?: () => boolean
   /**
+   * Asked after a cycle that claimed nothing: whether this worker should take up the follow-up
+   * looks anyway (the relay: one ranked after it publishes at a low rate), so that the looking
+   * passes to it and the other is covered.
+   */
+  readonly leads?: () => boolean
+  /**
    * Whether this loop's wake-ups are heard (its LISTEN works). While they are, a covered loop's
    * polls thin out further, to one in 32: should the loop covering it stop, the producers' NOTIFY
    * wakes it at once (no relay published within 100 ms), and the polls are only a safety net.
@@ -256,6 +262,14 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
       Effect.catchCause(() => Effect.succeed(waitMs)),
     )
   }
+  // This worker looks again every `wait` for hotMs from `now`, then at doubling intervals until warmMs.
+  const heatUp = (now: number, wait: number) => {
+    hotUntil = now + hotMs
+    warmUntil = now + warmMs
+    nextRelookMs = relookMs * 2
+    hotWait = wait
+    state.relooker = self
+  }
   const pause = (claimed: number): Effect.Effect<void> => {
     if (claimed >= loop.batchSize) {
       // More is waiting than one worker takes at a time: the next idle worker helps.
@@ -267,9 +281,6 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
       lastEnd = now
       if (claimed > 0) {
         anchor = now
-        hotUntil = now + hotMs
-        warmUntil = now + warmMs
-        nextRelookMs = relookMs * 2
         // By the rate, not the batch: rows per 2 × relookMs, whichever cadence found them. A
         // batch near fewRows at the short cadence would flip it to the long one at every dip. And
         // a look's share of a steady load comes in unevenly: at 1,000 msg/s about one look in ten
@@ -285,10 +296,13 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
           recentRows = recentRows * RATE_DECAY + claimed
           recentMs = recentMs * RATE_DECAY + gathered
         }
-        hotWait = fast(claimed, gathered) || fast(recentRows, recentMs) ? relookMs : relookMs * 2
         // The worker that claimed rows last looks again: its publish is what makes producers skip
         // their wake-up (migration 0007), so its looks must follow.
-        state.relooker = self
+        heatUp(now, fast(claimed, gathered) || fast(recentRows, recentMs) ? relookMs : relookMs * 2)
+      } else if (loop.leads?.() === true) {
+        // Another process looks at a low rate and this one ranks before it: look on its cadence
+        // until this one's publishes cover it (issue #25).
+        heatUp(now, relookMs * 2)
       }
       anchor ??= now
       const sinceTick = (now - anchor) % loop.pollMs

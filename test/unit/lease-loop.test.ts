@@ -26,6 +26,8 @@ const cycleTimes = (
     covered?: (cycle: number) => boolean
     /** What the probe for due rows always answers (ms until one is due; 0: one is due now). */
     nextDueMs?: number
+    /** Whether this loop takes up the follow-up looks after an empty cycle (its index). */
+    leads?: (cycle: number) => boolean
     /** Whether the loop's wake-ups are heard (its LISTEN works). */
     hearing?: boolean
   } = {},
@@ -50,6 +52,7 @@ const cycleTimes = (
         ...(options.fewRows === undefined ? {} : { fewRows: options.fewRows }),
         ...(options.warmMs === undefined ? {} : { warmMs: options.warmMs }),
         ...(options.covered === undefined ? {} : { covered: () => options.covered!(i - 1) }),
+        ...(options.leads === undefined ? {} : { leads: () => options.leads!(i - 1) }),
         ...(options.nextDueMs === undefined ? {} : { nextDueMs: Effect.succeed(options.nextDueMs) }),
         ...(options.hearing === undefined ? {} : { hearing: () => options.hearing! }),
         outage: defaultRetryPolicy,
@@ -195,6 +198,20 @@ test("no longer covered (the other relay stopped publishing): looks and polls as
     covered: (cycle) => cycle < 2,
   })
   expect(times).toEqual([0, 2000, 6000, 7000, 8000, 9000, 10000])
+})
+
+test("leading (one ranked after it publishes at a low rate): an empty cycle takes up the follow-up looks, on the long cadence", async () => {
+  // Cycle 0 finds nothing while another relay ranked after this one publishes: looks every
+  // 2 × relookMs until hotMs, then at doubling intervals, as after a cycle that claimed rows; so
+  // this relay claims the next rows and its publishes cover the other's looks.
+  const led = await cycleTimes([], 1_500, { relookMs: 10, hotMs: 50, warmMs: 1000, leads: (c) => c === 0 })
+  expect(led).toEqual([0, 20, 40, 60, 80, 120, 200, 360, 680, 1000])
+  // Still leading after every look: it keeps the long cadence.
+  const still = await cycleTimes([], 200, { relookMs: 10, hotMs: 50, warmMs: 1000, leads: () => true })
+  expect(still).toEqual([0, 20, 40, 60, 80, 100, 120, 140, 160, 180, 200])
+  // Not leading: an empty cycle waits for the poll.
+  const idle = await cycleTimes([], 1_500, { relookMs: 10, hotMs: 50, warmMs: 1000, leads: () => false })
+  expect(idle).toEqual([0, 1000])
 })
 
 test("a NOTIFY still wakes a covered loop at once", async () => {

@@ -543,7 +543,7 @@ describe("pollingCadence (RelayConfig.batchEvery for a polling relay)", () => {
     expect(Relay.pollingCadence(25)).toEqual({ relookMs: 25, hotMs: 200 })
   })
   test("a slower cadence keeps looking longer, so rows whose producers skipped the NOTIFY are still found", () => {
-    // 45 ms of mark + 125 ms of skipped NOTIFYs + room, beyond one wait of 2 × 100 ms.
+    // 125 ms of skipped NOTIFYs after the mark + room, beyond one wait of 2 × 100 ms (the mark rides it).
     expect(Relay.pollingCadence(100)).toEqual({ relookMs: 100, hotMs: 350 })
   })
   test("0 looks as soon as the last look ended (1 ms: 0 would mean no follow-up looks at all)", () => {
