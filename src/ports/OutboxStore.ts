@@ -50,11 +50,15 @@ export interface OutboxClaim extends Claim<OutboxMessage> {
   /**
    * The last message any relay marked sent, as the claim saw it: how long before the claim (ms,
    * the database's clock), and whether the relay process that claimed it ranks before this store's
-   * (`"before"`), is this store (`"self"`) or ranks after it (`"after"`). Null when none was ever
+   * (`"before"`), is this store (`"self"`) or ranks after it (`"after"`); `"unknown"` when the row
+   * names no claim (a WAL relay's, a per-row verdict's, an older relay's). Null when none was ever
    * sent; undefined when the store does not say. Relays use it so that, at a low rate, one of
    * them does the follow-up looks, not all of them (issue #25).
    */
-  readonly lastPublished?: { readonly agoMs: number; readonly by: "self" | "before" | "after" } | null
+  readonly lastPublished?: {
+    readonly agoMs: number
+    readonly by: "self" | "before" | "after" | "unknown"
+  } | null
 }
 
 /**

@@ -100,6 +100,20 @@ describe.each(["pg", "postgres.js"] as const)("%s", (driver: Driver) => {
       expect(byB.b?.by).toBe("self")
       // One order of ranks: if A ranks before B, B ranks after A.
       expect(byB.a?.by).toBe(byA.b?.by === "before" ? "after" : "before")
+
+      // A row no claim held, settled as a WAL relay does: it names no relay, so it neither covers
+      // a relay nor asks one to take the looks up (LookCover).
+      await enqueue(3)
+      const [row] = await t.db
+        .selectFrom("txbox.outbox")
+        .select("id")
+        .where("status", "=", "pending")
+        .execute()
+      await a.runPromise(
+        Effect.flatMap(OutboxStore, (s) => s.settle!([{ id: row!.id, verdict: { _tag: "Done" } as const }])),
+      )
+      expect(lastPublishedOf(await claim(a))?.by).toBe("unknown")
+      expect(lastPublishedOf(await claim(b))?.by).toBe("unknown")
     } finally {
       await a.dispose()
       await b.dispose()

@@ -580,10 +580,12 @@ const RANK_AT = 28
 const tokenOf = (rank: string): string => `${uuidv7().slice(0, RANK_AT)}${rank}`
 
 /** Where the relay that claimed under `token` ranks against this store's `rank`. */
-const publisherRank = (token: string | null, rank: string): "self" | "before" | "after" => {
+const publisherRank = (token: string | null, rank: string): "self" | "before" | "after" | "unknown" => {
   const theirs = token?.slice(RANK_AT)
-  // No token (sent by an older relay, which cleared it, or by a per-row mark of a held claim): never covers.
-  if (theirs === undefined || theirs.length !== rank.length) return "after"
+  // No token (sent by an older relay, which cleared it, by a per-row mark of a held claim, or by a
+  // WAL relay, whose rows no claim held): it neither covers nor asks to be taken over (a WAL
+  // relay's sweep would otherwise look every 50 ms while the log publishes).
+  if (theirs === undefined || theirs.length !== rank.length) return "unknown"
   if (theirs === rank) return "self"
   return theirs < rank ? "before" : "after"
 }
