@@ -81,6 +81,46 @@ const variants: ReadonlyArray<Variant> = [
   },
 ]
 
+/**
+ * The library's own CPU per call, apart from any database: `Outbox.enqueue` through
+ * `Effect.runPromise` (what a producer outside Effect writes, as bench/cost.ts's does) on a client
+ * that answers every statement at once, against the hand-written producer's outbox INSERT on the
+ * same client. What is left of the producer's gap in bench/cost.ts beyond this is the process's
+ * (its heap, its compiler), not the call's.
+ */
+const perCall = async (): Promise<ReadonlyArray<{ readonly name: string; readonly us: number }>> => {
+  const answer = { rows: [{ notified: false }], rowCount: 1 }
+  const client = { query: (_text: string, _values?: unknown[]) => Promise.resolve(answer) }
+  const payload = makePayload(1)
+  const calls: ReadonlyArray<readonly [string, () => Promise<unknown>]> = [
+    [
+      "hand-written outbox INSERT",
+      () =>
+        client.query("INSERT INTO hand.outbox (id, type, payload) VALUES ($1, $2, $3)", [
+          crypto.randomUUID(),
+          OrderPlaced.type,
+          JSON.stringify(payload),
+        ]),
+    ],
+    [
+      "Effect.runPromise(Outbox.enqueue(…))",
+      () => Effect.runPromise(Outbox.enqueue(client, OrderPlaced, payload)),
+    ],
+  ]
+  const n = quick ? 2_000 : 100_000
+  const out: Array<{ name: string; us: number }> = []
+  // Three passes, the last one counted: the first two let the compiler settle.
+  for (let pass = 0; pass < 3; pass++) {
+    for (const [name, call] of calls) {
+      const before = process.cpuUsage()
+      for (let i = 0; i < n; i++) await call()
+      const used = process.cpuUsage(before)
+      if (pass === 2) out.push({ name, us: (used.user + used.system) / n })
+    }
+  }
+  return out
+}
+
 interface Run {
   readonly name: string
   readonly transactions: number
@@ -187,7 +227,15 @@ main(() =>
           r.cpu.other === undefined ? undefined : round(r.cpu.other, 2),
         ]),
       )
+      const calls = await perCall()
+      printTable(
+        "Per call on a client that answers at once (no database): the library's own CPU",
+        ["call", "µs CPU per call"],
+        calls.map((c) => [c.name, round(c.us, 2)]),
+      )
       const summary: Record<string, number> = {
+        handInsertCallUs: round(calls[0]!.us, 2),
+        enqueueCallUs: round(calls[1]!.us, 2),
         orderOnly: round(runs[0]!.rate),
         orderWithEnqueue: round(runs[1]!.rate),
         orderWithRawOutboxInsert: round(runs[2]!.rate),
