@@ -14,10 +14,14 @@
 // handler's row and reads both commit times from the database.
 //
 // env: DB_URL, CONNECTIONS (default 8), INDEX (default 0), PROCESSES (default 1),
-//      KEYED ("1": partitionKey = the order id, a key per order: the worst case of the keyed path)
+//      KEYED ("1": partitionKey = the order id, a key per order: the worst case of the keyed path),
+//      BENCH_RAW_ENQUEUE ("1", a diagnosis knob: mode "enqueue" sends the row Outbox.enqueue would
+//      write as the same SQL text from this process, with no library code and no wake-up check; what
+//      the producer's CPU then is splits txbox's statement from txbox's code)
 import { Effect } from "effect"
 import { CompiledQuery, Kysely, PostgresDialect } from "kysely"
 import pg from "pg"
+import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Outbox from "../../src/Outbox.ts"
 import { onCommands } from "./childIo.ts"
 import { handTransaction, insertOrder, inTransaction, ORDER_INSERT } from "./hand.ts"
@@ -36,6 +40,10 @@ const connections = Number(env("CONNECTIONS", "8"))
 const index = Number(env("INDEX", "0"))
 const processes = Number(env("PROCESSES", "1"))
 const keyed = env("KEYED", "0") === "1"
+const rawEnqueue = env("BENCH_RAW_ENQUEUE", "0") === "1"
+/** Outbox.enqueue's statement for a row with nothing but defaults beyond these (storage/sql/enqueue.ts). */
+const RAW_ENQUEUE =
+  'INSERT INTO "txbox".outbox (id, type, version, payload, headers) VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)'
 const pool = new pg.Pool({ connectionString: env("DB_URL"), max: connections })
 // biome-ignore lint/suspicious/noExplicitAny: the bench's own table
 const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) })
@@ -83,6 +91,16 @@ const transaction = async (command: RunCommand): Promise<void> => {
 const clientTransaction = (payload: OrderPlaced, run: number): Promise<void> =>
   inTransaction(pool, async (client) => {
     await insertOrder(client, payload, run)
+    if (rawEnqueue) {
+      await client.query(RAW_ENQUEUE, [
+        uuidv7(),
+        OrderPlaced.type,
+        OrderPlaced.version,
+        JSON.stringify(payload),
+        "{}",
+      ])
+      return
+    }
     await Effect.runPromise(
       Outbox.enqueue(client, OrderPlaced, payload, keyed ? { partitionKey: payload.orderId } : undefined),
     )
