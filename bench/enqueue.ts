@@ -13,6 +13,7 @@ import * as Outbox from "../src/Outbox.ts"
 import { type Child, spawnChild } from "./support/children.ts"
 import { type CpuUse, combineCpu, cpuMeter, portOf } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
+import { HAND_OUTBOX_INSERT } from "./support/hand.ts"
 import {
   log,
   main,
@@ -85,8 +86,8 @@ const variants: ReadonlyArray<Variant> = [
  * The library's own CPU per call, apart from any database: `Outbox.enqueue` through
  * `Effect.runPromise` (what a producer outside Effect writes, as bench/cost.ts's does) on a client
  * that answers every statement at once, against the hand-written producer's outbox INSERT on the
- * same client. What is left of the producer's gap in bench/cost.ts beyond this is the process's
- * (its heap, its compiler), not the call's.
+ * same client: a floor for the library's share of the producer's gap in bench/cost.ts, measured
+ * hot (a process under load pays more per call; docs/benchmarks.md).
  */
 const perCall = async (): Promise<ReadonlyArray<{ readonly name: string; readonly us: number }>> => {
   const answer = { rows: [{ notified: false }], rowCount: 1 }
@@ -96,11 +97,7 @@ const perCall = async (): Promise<ReadonlyArray<{ readonly name: string; readonl
     [
       "hand-written outbox INSERT",
       () =>
-        client.query("INSERT INTO hand.outbox (id, type, payload) VALUES ($1, $2, $3)", [
-          crypto.randomUUID(),
-          OrderPlaced.type,
-          JSON.stringify(payload),
-        ]),
+        client.query(HAND_OUTBOX_INSERT, [crypto.randomUUID(), OrderPlaced.type, JSON.stringify(payload)]),
     ],
     [
       "Effect.runPromise(Outbox.enqueue(…))",

@@ -45,6 +45,8 @@ export const ORDER_INSERT =
   "INSERT INTO orders (id, customer_id, total, serial, run) VALUES ($1, $2, $3, $4, $5)"
 
 /** The handler's effect both inboxes write (inboxProcess.ts through the inbox's Kysely transaction). */
+/** The hand-written producer's outbox row: its id, type and JSON payload. */
+export const HAND_OUTBOX_INSERT = "INSERT INTO hand.outbox (id, type, payload) VALUES ($1, $2, $3)"
 export const HANDLED_INSERT = "INSERT INTO bench.handled (serial, key, seq) VALUES ($1, $2, $3)"
 
 /** `BEGIN`, `body` on one pooled client, `COMMIT`; `ROLLBACK` when it throws (the producers' transaction). */
@@ -76,11 +78,7 @@ export const insertOrder = (client: pg.PoolClient, payload: OrderPlaced, run: nu
 export const handTransaction = (pool: pg.Pool, payload: OrderPlaced, run: number): Promise<void> =>
   inTransaction(pool, async (client) => {
     await insertOrder(client, payload, run)
-    await client.query("INSERT INTO hand.outbox (id, type, payload) VALUES ($1, $2, $3)", [
-      randomUUID(),
-      BENCH_TYPE,
-      JSON.stringify(payload),
-    ])
+    await client.query(HAND_OUTBOX_INSERT, [randomUUID(), BENCH_TYPE, JSON.stringify(payload)])
   })
 
 /** Opens every pooled connection once, so the measurement does not pay for connecting. */
