@@ -44,9 +44,10 @@ export const PIPELINE_TABLES_SQL = `
 export const ORDER_INSERT =
   "INSERT INTO orders (id, customer_id, total, serial, run) VALUES ($1, $2, $3, $4, $5)"
 
-/** The handler's effect both inboxes write (inboxProcess.ts through the inbox's Kysely transaction). */
 /** The hand-written producer's outbox row: its id, type and JSON payload. */
 export const HAND_OUTBOX_INSERT = "INSERT INTO hand.outbox (id, type, payload) VALUES ($1, $2, $3)"
+
+/** The handler's effect both inboxes write (inboxProcess.ts through the inbox's Kysely transaction). */
 export const HANDLED_INSERT = "INSERT INTO bench.handled (serial, key, seq) VALUES ($1, $2, $3)"
 
 /** `BEGIN`, `body` on one pooled client, `COMMIT`; `ROLLBACK` when it throws (the producers' transaction). */

@@ -41,7 +41,9 @@ const index = Number(env("INDEX", "0"))
 const processes = Number(env("PROCESSES", "1"))
 const keyed = env("KEYED", "0") === "1"
 const rawEnqueue = env("BENCH_RAW_ENQUEUE", "0") === "1"
-/** Outbox.enqueue's statement for a row with nothing but defaults beyond these (storage/sql/enqueue.ts). */
+// The bare statement numbers no key: with KEYED it would measure a different row, not the same one.
+if (rawEnqueue && keyed) throw new Error("BENCH_RAW_ENQUEUE=1 writes unkeyed rows only; unset KEYED")
+/** Outbox.enqueue's statement for a row with nothing but defaults beyond these (storage/sql/enqueue.ts's `plain`; keep in step). */
 const RAW_ENQUEUE =
   'INSERT INTO "txbox".outbox (id, type, version, payload, headers) VALUES ($1, $2, $3, $4::text::jsonb, $5::text::jsonb)'
 const pool = new pg.Pool({ connectionString: env("DB_URL"), max: connections })
