@@ -12,9 +12,15 @@ import { type EnqueuedMessage, type EnqueueOptions, type EventInput, makeEnqueue
 import type { ConfigError, StoreError, ValidationError } from "./Errors.ts"
 import type { Executor } from "./ports/OutboxWriter.ts"
 import { writeOutbox } from "./storage/sql/enqueue.ts"
+import {
+  outboxTransaction,
+  type TransactionOf,
+  type TransactionTarget,
+} from "./storage/sql/outboxTransaction.ts"
 
 export type { EnqueuedMessage, EnqueueOptions, EventInput } from "./core/enqueue.ts"
 export type { Executor, SqlClient } from "./ports/OutboxWriter.ts"
+export type { SqlPool, TransactionOf, TransactionTarget } from "./storage/sql/outboxTransaction.ts"
 
 const sql = makeEnqueue(writeOutbox)
 
@@ -40,3 +46,31 @@ export const enqueue: <C extends AnyContract>(
   payload: InputOf<C>,
   options?: EnqueueOptions,
 ) => Effect.Effect<EnqueuedMessage, ValidationError | StoreError | ConfigError> = sql.enqueue
+
+/**
+ * Runs `body` in a transaction that txbox opens on `db` (your Kysely, or a node-postgres pool or
+ * client) and commits: the rows of every `Outbox.enqueue(trx, …)` in it go to the server with the
+ * COMMIT, in one round trip, instead of a round trip each. Rolls back when `body` fails or is
+ * interrupted. Fails with the body's error, or `StoreError` when BEGIN or the COMMIT (with the
+ * rows) fails, and then nothing was committed.
+ *
+ * ```ts
+ * const placeOrder = (order: Order) =>
+ *   Outbox.transaction(db, (trx) =>
+ *     Effect.gen(function* () {
+ *       yield* Effect.tryPromise(() => trx.insertInto("orders").values(order).execute())
+ *       yield* Outbox.enqueue(trx, OrderPlaced, { orderId: order.id, total: order.total })
+ *     }),
+ *   )
+ * ```
+ *
+ * Fine print: enqueue still validates at once (a `ValidationError` there); a row the database
+ * refuses (a duplicate `messageId`) fails the commit instead of the enqueue call. Keyed events
+ * (`partitionKey`) are written when enqueued, as in any transaction. With a Kysely, `trx` is that
+ * Kysely on the transaction's one connection (`db.connection()`), not a `Transaction`; the body
+ * must not commit or roll back itself.
+ */
+export const transaction: <T extends TransactionTarget, A, E = never, R = never>(
+  db: T,
+  body: (trx: TransactionOf<T>) => Effect.Effect<A, E, R>,
+) => Effect.Effect<A, E | StoreError, R> = outboxTransaction

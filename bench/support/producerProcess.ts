@@ -4,8 +4,8 @@
 // hand-written outbox's transaction instead (support/hand.ts: plain SQL on the same `pg` pool, the
 // row into `hand.outbox`). Driven over stdio: prints {"event":"ready"} once connected; a JSON command line
 //   {"cmd":"run","run":1,"mode":"enqueue"|"order-only"|"hand","rate":250,"seconds":12.5}
-// ("enqueue": the order and Outbox.enqueue on one `pg` client between BEGIN and COMMIT, the hand-written
-// producer's shape; "enqueue-kysely": the same through Kysely's transaction, as the README's quickstart)
+// ("enqueue": the order and Outbox.enqueue in `Outbox.transaction` on the `pg` pool, the event's row
+// going with the COMMIT; "enqueue-kysely": the same on a Kysely, as the README's quickstart)
 // runs for `seconds` (rate 0 = flat out: CONNECTIONS loops back to back; else transactions started
 // on a steady schedule, at most CONNECTIONS in flight, a producer that falls behind catching up as
 // fast as it can) and then prints {"event":"done","run":1,"transactions":n,"errors":n,"p50":ms,"p99":ms}
@@ -15,6 +15,8 @@
 //
 // env: DB_URL, CONNECTIONS (default 8), INDEX (default 0), PROCESSES (default 1),
 //      KEYED ("1": partitionKey = the order id, a key per order: the worst case of the keyed path),
+//      BENCH_OWN_TRANSACTION ("1": mode "enqueue" calls Outbox.enqueue in the hand-written producer's
+//      own BEGIN … COMMIT instead, a round trip more: what enqueue costs without Outbox.transaction),
 //      BENCH_RAW_ENQUEUE ("1", a diagnosis knob: mode "enqueue" sends the row Outbox.enqueue would
 //      write as the same SQL text from this process, with no library code and no wake-up check; what
 //      the producer's CPU then is splits txbox's statement from txbox's code)
@@ -41,6 +43,7 @@ const index = Number(env("INDEX", "0"))
 const processes = Number(env("PROCESSES", "1"))
 const keyed = env("KEYED", "0") === "1"
 const rawEnqueue = env("BENCH_RAW_ENQUEUE", "0") === "1"
+const ownTransaction = env("BENCH_OWN_TRANSACTION", "0") === "1"
 // The bare statement numbers no key: with KEYED it would measure a different row, not the same one.
 if (rawEnqueue && keyed) throw new Error("BENCH_RAW_ENQUEUE=1 writes unkeyed rows only; unset KEYED")
 /** Outbox.enqueue's statement for a row with nothing but defaults beyond these (storage/sql/enqueue.ts's `plain`; keep in step). */
@@ -66,32 +69,45 @@ const transaction = async (command: RunCommand): Promise<void> => {
   const payload = makePayload(nextSerial())
   if (command.mode === "hand") return handTransaction(pool, payload, command.run)
   if (command.mode === "enqueue") return clientTransaction(payload, command.run)
-  await db.transaction().execute(async (trx) => {
-    // The order as SQL text through the transaction, the same statement the hand-written producer
-    // sends: bench/cost.ts compares what the outbox costs, not Kysely's query builder (bench/builder.ts).
-    await trx.executeQuery(
-      CompiledQuery.raw(ORDER_INSERT, [
-        payload.orderId,
-        payload.customerId,
-        payload.total,
-        payload.serial,
-        command.run,
-      ]),
-    )
-    if (command.mode === "enqueue-kysely") {
-      await Effect.runPromise(
+  const order = CompiledQuery.raw(ORDER_INSERT, [
+    payload.orderId,
+    payload.customerId,
+    payload.total,
+    payload.serial,
+    command.run,
+  ])
+  if (command.mode === "order-only") {
+    await db.transaction().execute((trx) => trx.executeQuery(order))
+    return
+  }
+  // The order as SQL text through the transaction, the same statement the hand-written producer
+  // sends: bench/cost.ts compares what the outbox costs, not Kysely's query builder (bench/builder.ts).
+  await Effect.runPromise(
+    Outbox.transaction(db, (trx) =>
+      Effect.andThen(
+        Effect.tryPromise(() => trx.executeQuery(order)),
         Outbox.enqueue(trx, OrderPlaced, payload, keyed ? { partitionKey: payload.orderId } : undefined),
-      )
-    }
-  })
+      ),
+    ),
+  )
 }
 
 /**
- * Mode "enqueue": the hand-written producer's transaction (support/hand.ts) with `Outbox.enqueue` on
- * the same `pg` client in place of its outbox INSERT, so the two differ by the outbox alone.
+ * Mode "enqueue": the hand-written producer's transaction (support/hand.ts) in `Outbox.transaction`,
+ * with `Outbox.enqueue` in place of its outbox INSERT, so the two differ by the outbox alone.
  */
-const clientTransaction = (payload: OrderPlaced, run: number): Promise<void> =>
-  inTransaction(pool, async (client) => {
+const clientTransaction = (payload: OrderPlaced, run: number): Promise<void> => {
+  const options = keyed ? { partitionKey: payload.orderId } : undefined
+  if (!rawEnqueue && !ownTransaction)
+    return Effect.runPromise(
+      Outbox.transaction(pool, (client) =>
+        Effect.andThen(
+          Effect.tryPromise(() => insertOrder(client, payload, run)),
+          Outbox.enqueue(client, OrderPlaced, payload, options),
+        ),
+      ),
+    ).then(() => undefined)
+  return inTransaction(pool, async (client) => {
     await insertOrder(client, payload, run)
     if (rawEnqueue) {
       await client.query(RAW_ENQUEUE, [
@@ -103,10 +119,9 @@ const clientTransaction = (payload: OrderPlaced, run: number): Promise<void> =>
       ])
       return
     }
-    await Effect.runPromise(
-      Outbox.enqueue(client, OrderPlaced, payload, keyed ? { partitionKey: payload.orderId } : undefined),
-    )
+    await Effect.runPromise(Outbox.enqueue(client, OrderPlaced, payload, options))
   })
+}
 
 const percentile = (sorted: ReadonlyArray<number>, q: number) =>
   sorted.length === 0

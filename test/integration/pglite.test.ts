@@ -100,6 +100,40 @@ describe("PGlite store", () => {
     expect(rows.rows.some((r) => r.id === rolledBack)).toBe(false)
   })
 
+  test("Outbox.transaction: PGlite takes one statement per call, so the events go just before the COMMIT", async () => {
+    await Effect.runPromise(migrate(db, { schema: "otx" }))
+    // Were the INSERT and the COMMIT sent as one text, PGlite would refuse it and the commit fail.
+    const committed = await Effect.runPromise(
+      inSchema(
+        "otx",
+        Outbox.transaction(db, (trx) =>
+          Effect.andThen(
+            Outbox.enqueue(trx, Ping, { n: 1, note: "it's kept" }),
+            Outbox.enqueue(trx, Ping, { n: 2, note: null }),
+          ),
+        ),
+      ),
+    )
+    const failed = await Effect.runPromiseExit(
+      inSchema(
+        "otx",
+        Outbox.transaction(db, (trx) =>
+          Effect.andThen(Outbox.enqueue(trx, Ping, { n: 3, note: null }), Effect.fail("no")),
+        ),
+      ),
+    )
+    expect(Exit.isFailure(failed)).toBe(true)
+    const rows = await sql<{
+      id: string
+      payload: { n: number; note: string | null }
+    }>`SELECT id, payload FROM otx.outbox ORDER BY payload->>'n'`.execute(db)
+    expect(rows.rows.map((r) => r.payload)).toEqual([
+      { n: 1, note: "it's kept" },
+      { n: 2, note: null },
+    ])
+    expect(rows.rows[1]!.id).toBe(committed.id)
+  })
+
   test("partition numbers: 1, 2 per key in commit order; a rolled-back enqueue takes its number with it", async () => {
     await Effect.runPromise(migrate(db, { schema: "num" }))
     const enqueue = (n: number, fail: boolean) =>

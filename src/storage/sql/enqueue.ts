@@ -31,6 +31,7 @@ import type { EnqueueRow, Executor, SqlClient, WriteOutbox } from "../../ports/O
 import type { PartitionPosition } from "../../ports/Transport.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
 import { behindHint, classifyDbError } from "./errors.ts"
+import { inlined } from "./inline.ts"
 import { rawStatement } from "./rawStatement.ts"
 
 /** One outbox row, its values as the statement binds them: the row enqueue gave, and its place in its key. */
@@ -383,21 +384,68 @@ const writeOnClient = async (
  * "does not exist" does not say that `txbox migrate` is the fix. (A missing `outbox_wake()`, 0013's,
  * `classifyDbError` hints at for every store statement.)
  */
-const enqueueError = (cause: unknown): StoreError => {
+export const enqueueError = (cause: unknown, operation = "Outbox.enqueue"): StoreError => {
   const code = typeof cause === "object" && cause !== null ? (cause as { code?: unknown }).code : undefined
   const message = cause instanceof Error ? cause.message : String(cause)
   const behind = code === "42P01" && message.includes("outbox")
-  if (!behind) return classifyDbError("Outbox.enqueue", cause)
-  return classifyDbError("Outbox.enqueue", behindHint(code, message, cause))
+  if (!behind) return classifyDbError(operation, cause)
+  return classifyDbError(operation, behindHint(code, message, cause))
+}
+
+/**
+ * Rows written at their transaction's COMMIT (`Outbox.transaction`): by the executor its body was
+ * given, the unkeyed rows its enqueue calls made, each with its schema. A keyed row is written at
+ * once: its numbers come back from the counter's statement and go into its row.
+ */
+export const riding = new WeakMap<object, Array<{ readonly schema: string; readonly row: EnqueueRow }>>()
+
+/** The database a transaction's statements run on, for the wake-up check's quiet window. */
+export const scopeOf = (executor: Executor): object =>
+  isKysely(executor) ? (executor.getExecutor().adapter ?? executor) : databaseOf(executor)
+
+/**
+ * The INSERTs for `rows` as texts with their values written in (one per schema, usually one), to
+ * go in the COMMIT's round trip; `committed` takes in the wake-up checks once it succeeded. A
+ * check whose transaction committed has had its NOTIFY delivered, so whatever it answered, the
+ * next INSERTs may skip it for the quiet window.
+ */
+export const commitInserts = (
+  scope: object,
+  rows: ReadonlyArray<{ readonly schema: string; readonly row: EnqueueRow }>,
+): { readonly texts: ReadonlyArray<string>; readonly committed: () => void } => {
+  const bySchema = new Map<string, OutboxValues[]>()
+  for (const { schema, row } of rows) {
+    const values = bySchema.get(schema) ?? []
+    values.push({ ...row, partition_epoch: null, partition_seq: null })
+    bySchema.set(schema, values)
+  }
+  const texts: string[] = []
+  const asked: string[] = []
+  for (const [schema, values] of bySchema) {
+    const check = wantsWakeCheck(scope, schema)
+    if (check) asked.push(schema)
+    texts.push(inlined(insertOutbox(schema, values, check)))
+  }
+  return {
+    texts,
+    committed: () => {
+      for (const schema of asked) checked(scope, schema, false)
+    },
+  }
 }
 
 /** The `WriteOutbox` port in SQL: numbers the keyed rows, then one INSERT. */
 export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
   const keyed = rows.some((r) => r.partition_key !== null)
+  const waiting = riding.get(executor)
+  if (waiting !== undefined && !keyed) {
+    for (const row of rows) waiting.push({ schema, row })
+    return Effect.void
+  }
   if (!isKysely(executor)) {
     return Effect.tryPromise({
       try: () => writeOnClient(executor, schema, rows, keyed),
-      catch: enqueueError,
+      catch: (cause) => enqueueError(cause),
     })
   }
   // The caller's plugins (a CamelCasePlugin, say) would rename txbox's columns and result rows:
@@ -420,7 +468,9 @@ export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
   return Effect.tryPromise({
     // Numbers and rows must commit together, or a key would have a gap its consumers wait on
     // forever: outside a transaction, enqueue opens one of its own.
-    try: () => (keyed && !executor.isTransaction ? db.transaction().execute(write) : write(db)),
-    catch: enqueueError,
+    // (Outbox.transaction's executor is a connection in a transaction txbox opened: not on it.)
+    try: () =>
+      keyed && !executor.isTransaction && waiting === undefined ? db.transaction().execute(write) : write(db),
+    catch: (cause) => enqueueError(cause),
   })
 }

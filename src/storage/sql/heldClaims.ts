@@ -18,6 +18,7 @@ import type { DatabaseSession } from "../../ports/Database.ts"
 import type { OutboxMark } from "../../ports/OutboxStore.ts"
 import type { TxboxDatabase } from "../../ports/tables.ts"
 import { markedCount, updatedOf } from "./fragments.ts"
+import { inlined } from "./inline.ts"
 import type { ShardParams } from "./shard.ts"
 
 /** The statements a held claim runs (SqlOutboxStore.ts's), and how it writes verdicts out. */
@@ -70,57 +71,6 @@ interface Answer<Row> {
 
 /** Opens a transaction, runs `claim` in it (and `after`, where free); with no rows, the transaction is over already. */
 type Begin = <Row>(claim: CompiledQuery<Row>, after?: CompiledQuery) => Promise<Answer<Row>>
-
-/**
- * A statement's text with its parameters written in as literals, for the simple query protocol
- * (which carries none). Only what txbox's held-claim statements bind: integers and text. Text goes
- * as an escape string (`E'…'`, backslashes and quotes doubled), read the same whatever
- * `standard_conforming_strings` says.
- */
-export const inlined = (statement: CompiledQuery): string => {
-  const { parts, slots } = templateOf(statement.sql)
-  let text = parts[0]!
-  for (let i = 0; i < slots.length; i++)
-    text += literalOf(statement.parameters[slots[i]!], slots[i]!) + parts[i + 1]!
-  return text
-}
-
-/** A statement's text split at its `$n` placeholders: the text between them, and each one's index. */
-interface Template {
-  readonly parts: ReadonlyArray<string>
-  readonly slots: ReadonlyArray<number>
-}
-
-/** Split once per text (a relay runs the same few texts every cycle: scanning them was 2 % of its CPU). */
-const templates = new Map<string, Template>()
-
-const templateOf = (sql: string): Template => {
-  let template = templates.get(sql)
-  if (template === undefined) {
-    const parts: string[] = []
-    const slots: number[] = []
-    let last = 0
-    for (const match of sql.matchAll(/\$(\d+)/g)) {
-      parts.push(sql.slice(last, match.index))
-      slots.push(Number(match[1]) - 1)
-      last = match.index + match[0].length
-    }
-    parts.push(sql.slice(last))
-    template = { parts, slots }
-    // Bounded: the texts are txbox's own, a handful per schema.
-    if (templates.size < 1000) templates.set(sql, template)
-  }
-  return template
-}
-
-const literalOf = (value: unknown, index: number): string => {
-  if (typeof value === "number" && Number.isSafeInteger(value)) return String(value)
-  if (typeof value === "string") {
-    if (value.includes("\0")) throw new Error("a NUL byte cannot be written into a statement")
-    return `E'${value.replaceAll("\\", "\\\\").replaceAll("'", "''")}'`
-  }
-  throw new Error(`cannot write parameter $${index + 1} (${typeof value}) into a statement`)
-}
 
 const SELECT_1 = CompiledQuery.raw("SELECT 1")
 

@@ -1,0 +1,278 @@
+/**
+ * `Outbox.transaction`: the caller's business transaction, opened and
+ * committed by txbox, so that the outbox rows its `Outbox.enqueue` calls make
+ * go to the server with the COMMIT, in the same round trip, instead of one
+ * round trip each. A producer's transaction of one business write and one
+ * event is then three round trips (BEGIN, the write, INSERT + COMMIT) where
+ * enqueue in the caller's own transaction makes four: a quarter of the
+ * producer's client work, and of PostgreSQL's protocol work, per transaction
+ * (bench/cost.ts).
+ *
+ * The rows are checked by their contracts when enqueue is called, as always;
+ * they reach the table at commit, atomically with everything else. A failure
+ * to write them fails the commit (nothing is committed). Keyed rows
+ * (`partitionKey`) are still written when enqueue is called: their numbers
+ * come from the key's counter row, under its lock, and go into the row.
+ *
+ * Several statements in one round trip need the simple query protocol:
+ * node-postgres and postgres.js send a statement without parameters that way,
+ * PGlite does not. So the first transaction on each database target asks,
+ * once, whether a two-statement text runs both (in a transaction it rolls
+ * back); where it does not, the INSERT and the COMMIT go one after the other.
+ */
+import { type Context, Effect, Exit, type Fiber } from "effect"
+import { CompiledQuery, type Kysely } from "kysely"
+import { StoreError } from "../../Errors.ts"
+import type { EnqueueRow, SqlClient } from "../../ports/OutboxWriter.ts"
+import { commitInserts, enqueueError, riding, scopeOf } from "./enqueue.ts"
+import { classifyDbError } from "./errors.ts"
+
+/** A node-postgres `Pool` (or one like it): a client per transaction, released after. */
+export interface SqlPool {
+  // biome-ignore lint/suspicious/noExplicitAny: node-postgres types release's argument loosely
+  connect(): Promise<SqlClient & { release(error?: any): void }>
+  /** Tells a pool from a client (node-postgres's `Pool` has it). */
+  readonly idleCount: number
+}
+
+/** What `Outbox.transaction` opens its transaction on. */
+// biome-ignore lint/suspicious/noExplicitAny: the caller's own database
+export type TransactionTarget = Kysely<any> | SqlPool | SqlClient
+
+/**
+ * What the body is given: for a Kysely, a Kysely on the transaction's one connection; for a
+ * pool, the client it lent; for a client, the client.
+ */
+export type TransactionOf<T> = T extends Kysely<infer DB> ? Kysely<DB> : T extends SqlPool ? ClientOf<T> : T
+
+/** A pool's client: node-postgres's `connect` also has a callback form, which `ReturnType` would pick. */
+type ClientOf<P> = P extends {
+  connect(): Promise<infer C>
+  connect(callback: (...args: never[]) => void): void
+}
+  ? C
+  : P extends { connect(): Promise<infer C> }
+    ? C
+    : never
+
+/** One connection with the transaction on it. */
+interface Session {
+  /** What the body is given, and what its enqueue calls are known by. */
+  readonly trx: object
+  /** Runs a text (no parameters: the simple protocol where the driver has it); the last statement's rows. */
+  readonly run: (text: string) => Promise<ReadonlyArray<Record<string, unknown>>>
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: the caller's own database
+const isKysely = (target: TransactionTarget): target is Kysely<any> => "getExecutor" in target
+const isPool = (target: TransactionTarget): target is SqlPool =>
+  "idleCount" in target && typeof (target as SqlPool).connect === "function"
+
+/** node-postgres answers a text of several statements with one result each. */
+const lastRows = (result: unknown): ReadonlyArray<Record<string, unknown>> => {
+  const last = Array.isArray(result) ? result[result.length - 1] : result
+  return (last as { rows?: ReadonlyArray<Record<string, unknown>> } | undefined)?.rows ?? []
+}
+
+const clientSession = (client: SqlClient): Session => ({
+  trx: client,
+  run: (text) => client.query(text).then(lastRows),
+})
+
+// biome-ignore lint/suspicious/noExplicitAny: the caller's own database
+const kyselySession = (conn: Kysely<any>): Session => ({
+  trx: conn,
+  run: (text) => conn.executeQuery(CompiledQuery.raw(text)).then((r) => r.rows as never),
+})
+
+/** Per target: whether a text of two statements runs both (asked once, in a transaction rolled back). */
+const multiStatement = new WeakMap<object, boolean | Promise<boolean>>()
+
+const MARK = "txbox.multi_statement"
+
+const asksMultiStatement = async (session: Session): Promise<boolean> => {
+  try {
+    await session.run("BEGIN")
+    await session.run(`SELECT 1; SELECT set_config('${MARK}', 'on', true)`)
+    const rows = await session.run(`SELECT current_setting('${MARK}', true) AS on`)
+    return rows[0]?.on === "on"
+  } catch {
+    return false
+  } finally {
+    await session.run("ROLLBACK").catch(() => undefined)
+  }
+}
+
+const multiStatementOn = (target: object, session: Session): boolean | Promise<boolean> => {
+  const known = multiStatement.get(target)
+  if (known !== undefined) return known
+  const answer = asksMultiStatement(session).then((multi) => {
+    multiStatement.set(target, multi)
+    return multi
+  })
+  multiStatement.set(target, answer)
+  return answer
+}
+
+type Rows = Array<{ readonly schema: string; readonly row: EnqueueRow }>
+
+/** BEGIN on `session`; whether its target takes two statements in a text. */
+const begin = async (target: object, session: Session): Promise<boolean> => {
+  const multi = await multiStatementOn(target, session)
+  await session
+    .run("BEGIN")
+    .catch((cause) => Promise.reject(classifyDbError("Outbox.transaction begin", cause)))
+  return multi
+}
+
+/**
+ * The rows with the COMMIT, in one text where the target takes it. A statement goes before COMMIT
+ * even with no rows: in a transaction in which a statement failed (and the body caught it) it
+ * fails, where COMMIT would answer ROLLBACK and no error. Rejects with a `StoreError`; the
+ * transaction is then rolled back (or was: a failed COMMIT ends it).
+ */
+const commit = async (session: Session, multi: boolean, rows: Rows): Promise<void> => {
+  const { texts, committed } = commitInserts(scopeOf(session.trx as SqlClient), rows)
+  const before = texts.length > 0 ? texts : ["SELECT 1"]
+  try {
+    if (multi) await session.run(`${before.join(";\n")};\nCOMMIT`)
+    else {
+      for (const text of before) await session.run(text)
+      await session.run("COMMIT")
+    }
+  } catch (cause) {
+    await rollback(session)
+    throw enqueueError(cause, "Outbox.transaction commit")
+  }
+  committed()
+}
+
+/** Never rejects: a connection that cannot roll back is dropped by its pool (see `release`). */
+const rollback = (session: Session): Promise<unknown> => session.run("ROLLBACK").catch((cause) => cause)
+
+/** A promise as an Effect, without an AbortController per call (one per business transaction). */
+const promised = <A>(run: () => Promise<A>): Effect.Effect<A, StoreError> =>
+  Effect.callback<A, StoreError>((resume) => {
+    run().then(
+      (a) => resume(Effect.succeed(a)),
+      (cause) =>
+        resume(
+          Effect.fail(cause instanceof StoreError ? cause : classifyDbError("Outbox.transaction", cause)),
+        ),
+    )
+  })
+
+interface Open {
+  readonly session: Session
+  readonly multi: boolean
+  /** Gives a pool's client back; `broken`: dropped instead of kept. */
+  readonly release: (broken?: unknown) => void
+}
+
+const open = async (target: SqlPool | SqlClient): Promise<Open> => {
+  if (!isPool(target))
+    return {
+      session: clientSession(target),
+      multi: await begin(target, clientSession(target)),
+      release: () => {},
+    }
+  const client = await target.connect()
+  const session = clientSession(client)
+  try {
+    return { session, multi: await begin(target, session), release: (broken) => client.release(broken) }
+  } catch (cause) {
+    client.release(cause)
+    throw cause
+  }
+}
+
+/** On a pool or a client: the body runs in the caller's fiber, between BEGIN and the COMMIT. */
+const onClient = <A, E, R>(
+  target: SqlPool | SqlClient,
+  body: (trx: object) => Effect.Effect<A, E, R>,
+): Effect.Effect<A, E | StoreError, R> =>
+  Effect.acquireUseRelease(
+    promised(() => open(target)),
+    ({ session, multi }) => {
+      const rows: Rows = []
+      riding.set(session.trx, rows)
+      return Effect.flatMap(
+        Effect.ensuring(
+          Effect.suspend(() => body(session.trx)),
+          Effect.sync(() => riding.delete(session.trx)),
+        ),
+        (value) =>
+          Effect.as(
+            promised(() => commit(session, multi, rows)),
+            value,
+          ),
+      )
+    },
+    ({ session, release }, exit) =>
+      Exit.isSuccess(exit)
+        ? Effect.sync(() => release())
+        : // A failed COMMIT rolled back already; a second ROLLBACK only warns.
+          Effect.promise(async () =>
+            release(await rollback(session).then((cause) => (cause instanceof Error ? cause : undefined))),
+          ),
+  )
+
+/**
+ * On a Kysely: its one connection (`connection()`, a callback) for the transaction, the body in a
+ * fiber of its own with the caller's services, interrupted with the caller.
+ */
+const onKysely = <A, E, R>(
+  // biome-ignore lint/suspicious/noExplicitAny: the caller's own database
+  db: Kysely<any>,
+  body: (trx: object) => Effect.Effect<A, E, R>,
+): Effect.Effect<A, E | StoreError, R> =>
+  Effect.withFiber((caller) =>
+    Effect.callback<A, E | StoreError>((resume) => {
+      let interrupted = false
+      let child: Fiber.Fiber<A, E> | undefined
+      db.connection()
+        .execute(async (conn) => {
+          const session = kyselySession(conn)
+          const multi = await begin(db, session)
+          const rows: Rows = []
+          riding.set(conn, rows)
+          const exit = await new Promise<Exit.Exit<A, E>>((done) => {
+            if (interrupted) return done(Exit.interrupt())
+            const fiber = Effect.runForkWith(caller.context as Context.Context<R>)(
+              Effect.suspend(() => body(conn)),
+            )
+            child = fiber
+            fiber.addObserver(done)
+          }).finally(() => riding.delete(conn))
+          if (Exit.isFailure(exit)) await rollback(session)
+          else await commit(session, multi, rows)
+          return exit
+        })
+        .then(
+          (exit) => resume(exit),
+          (cause) =>
+            resume(
+              Effect.fail(cause instanceof StoreError ? cause : classifyDbError("Outbox.transaction", cause)),
+            ),
+        )
+      return Effect.sync(() => {
+        interrupted = true
+        child?.interruptUnsafe()
+      })
+    }),
+  )
+
+/**
+ * Runs `body` in a transaction on `db` (a Kysely, a node-postgres pool or client) and commits it,
+ * with the outbox rows of every `Outbox.enqueue(trx, …)` in it written in the COMMIT's round trip;
+ * rolls back when `body` fails or is interrupted. Fails with the body's error, or `StoreError` when
+ * BEGIN or COMMIT (with the rows) fails: nothing is committed then. The body must not commit or
+ * roll back itself.
+ */
+export const outboxTransaction = <T extends TransactionTarget, A, E = never, R = never>(
+  db: T,
+  body: (trx: TransactionOf<T>) => Effect.Effect<A, E, R>,
+): Effect.Effect<A, E | StoreError, R> =>
+  isKysely(db)
+    ? onKysely(db, body as (trx: object) => Effect.Effect<A, E, R>)
+    : onClient(db, body as (trx: object) => Effect.Effect<A, E, R>)
