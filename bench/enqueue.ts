@@ -13,7 +13,7 @@ import * as Outbox from "../src/Outbox.ts"
 import { type Child, spawnChild } from "./support/children.ts"
 import { type CpuUse, combineCpu, cpuMeter, portOf } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
-import { HAND_OUTBOX_INSERT } from "./support/hand.ts"
+import { HAND_OUTBOX_INSERT, ORDER_INSERT } from "./support/hand.ts"
 import {
   log,
   main,
@@ -90,7 +90,8 @@ const variants: ReadonlyArray<Variant> = [
  * hot (a process under load pays more per call; docs/benchmarks.md).
  */
 const perCall = async (): Promise<ReadonlyArray<{ readonly name: string; readonly us: number }>> => {
-  const answer = { rows: [{ notified: false }], rowCount: 1 }
+  // `on`: Outbox.transaction's one-time question (whether a text of two statements runs both).
+  const answer = { rows: [{ notified: false, on: "on" }], rowCount: 1 }
   const client = { query: (_text: string, _values?: unknown[]) => Promise.resolve(answer) }
   const payload = makePayload(1)
   const calls: ReadonlyArray<readonly [string, () => Promise<unknown>]> = [
@@ -102,6 +103,35 @@ const perCall = async (): Promise<ReadonlyArray<{ readonly name: string; readonl
     [
       "Effect.runPromise(Outbox.enqueue(…))",
       () => Effect.runPromise(Outbox.enqueue(client, OrderPlaced, payload)),
+    ],
+    // Whole transactions (BEGIN … COMMIT, the order's statement included): the hand-written one, and
+    // Outbox.transaction, whose INSERT goes with the COMMIT (literals in the text, one call less).
+    [
+      "hand-written transaction (4 calls)",
+      async () => {
+        await client.query("BEGIN")
+        await client.query(ORDER_INSERT, [payload.orderId, payload.customerId, payload.total, 1, 1])
+        await client.query(HAND_OUTBOX_INSERT, [
+          crypto.randomUUID(),
+          OrderPlaced.type,
+          JSON.stringify(payload),
+        ])
+        await client.query("COMMIT")
+      },
+    ],
+    [
+      "Effect.runPromise(Outbox.transaction(…)) (3 calls)",
+      () =>
+        Effect.runPromise(
+          Outbox.transaction(client, (trx) =>
+            Effect.andThen(
+              Effect.tryPromise(() =>
+                trx.query(ORDER_INSERT, [payload.orderId, payload.customerId, payload.total, 1, 1]),
+              ),
+              Outbox.enqueue(trx, OrderPlaced, payload),
+            ),
+          ),
+        ),
     ],
   ]
   const n = quick ? 2_000 : 100_000
@@ -233,6 +263,8 @@ main(() =>
       const summary: Record<string, number> = {
         handInsertCallUs: round(calls[0]!.us, 2),
         enqueueCallUs: round(calls[1]!.us, 2),
+        handTransactionCallUs: round(calls[2]!.us, 2),
+        outboxTransactionCallUs: round(calls[3]!.us, 2),
         orderOnly: round(runs[0]!.rate),
         orderWithEnqueue: round(runs[1]!.rate),
         orderWithRawOutboxInsert: round(runs[2]!.rate),

@@ -8,7 +8,7 @@
  *   database: PgStore.layer({ url }),         // from "txbox/pg" (or PostgresJsStore, PgliteStore, KyselyStore)
  *   transport: AmqpTransport.layer({ url }),  // from "txbox/amqp" (or MemoryTransport from "txbox/testing")
  * })
- * await db.transaction().execute((trx) => txbox.enqueue(trx, OrderPlaced, { ... }))
+ * await txbox.transaction(db, (trx) => txbox.enqueue(trx, OrderPlaced, { ... })) // the row goes with the COMMIT
  * const relay = txbox.relay(); await relay.start()
  * const inbox = txbox.inbox({ consumer: "billing", handlers: [on(OrderPlaced, async ({ payload, trx }) => ...)] })
  * await inbox.start()
@@ -105,6 +105,15 @@ export interface Txbox {
     trx: Outbox.Executor,
     events: ReadonlyArray<Outbox.EventInput>,
   ) => Promise<ReadonlyArray<Outbox.EnqueuedMessage>>
+  /**
+   * Runs `body` in a transaction txbox opens on `db` (a Kysely, a node-postgres pool or client) and
+   * commits, the rows of `enqueue(trx, …)` going with the COMMIT in one round trip (`Outbox.transaction`).
+   * Rejects with the body's error, or a `StoreError` when BEGIN or the COMMIT fails; nothing is committed then.
+   */
+  readonly transaction: <T extends Outbox.TransactionTarget, A>(
+    db: T,
+    body: (trx: Outbox.TransactionOf<T>) => Promise<A>,
+  ) => Promise<A>
   /** A relay over this store and transport, not yet started: it publishes the outbox. */
   readonly relay: (config?: Relay.RelayConfig) => Service<Relay.RelayStats, Relay.RelayHealth>
   /** An inbox for one consumer, not yet started: it runs the handlers made with `on`. */
@@ -173,6 +182,14 @@ export const createTxbox = (options: TxboxOptions): Txbox => {
     /** Writes many events with one INSERT in the caller's transaction. */
     enqueueMany: (trx: Outbox.Executor, events: ReadonlyArray<Outbox.EventInput>) =>
       run(storeRuntime, Outbox.enqueueMany(trx, events)),
+    transaction: <T extends Outbox.TransactionTarget, A>(
+      db: T,
+      body: (trx: Outbox.TransactionOf<T>) => Promise<A>,
+    ): Promise<A> =>
+      run(
+        storeRuntime,
+        Outbox.transaction(db, (trx) => Effect.tryPromise({ try: () => body(trx), catch: (e) => e })),
+      ),
     relay: (config: Relay.RelayConfig = {}) => service(Relay.make(config)),
     inbox: (config: Inbox.InboxConfig) => service(Inbox.make(config)),
     /** Stops every started relay and inbox (gracefully), then closes pools and connections. */

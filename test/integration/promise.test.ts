@@ -48,21 +48,36 @@ test("a plain async/await service produces and consumes through txbox/promise", 
         throw new Error("rollback")
       })
       .catch(() => {})
+    // txbox.transaction: the row goes with the COMMIT; the body's own error is what it rejects with.
+    const withCommit = await txbox.transaction(t.db, (trx) =>
+      txbox.enqueue(trx, Note, { note: "with the commit" }),
+    )
+    const outOfStock = new Error("out of stock")
+    const thrown = await txbox
+      .transaction(t.db, async (trx) => {
+        await txbox.enqueue(trx, Note, { note: "never either" })
+        throw outOfStock
+      })
+      .catch((e) => e)
+    expect(thrown).toBe(outOfStock)
     // An invalid payload rejects with the typed error itself.
     const rejected = await txbox.enqueue(t.db, Note, { note: 42 } as never).catch((e) => e)
     expect(rejected).toBeInstanceOf(ValidationError)
 
-    await eventually("the handler applied the event", async () => {
+    await eventually("the handler applied both events", async () => {
       const rows = await sql<{ note: string }>`SELECT note FROM effects WHERE consumer = ${consumer}`.execute(
         t.db,
       )
-      return rows.rows.length === 1
+      return rows.rows.length === 2
     })
     const rows = await sql<{ message_id: string; note: string }>`
-      SELECT message_id, note FROM effects WHERE consumer = ${consumer}`.execute(t.db)
-    expect(rows.rows).toEqual([{ message_id: written.id, note: "hello from async" }])
+      SELECT message_id, note FROM effects WHERE consumer = ${consumer} ORDER BY note`.execute(t.db)
+    expect(rows.rows).toEqual([
+      { message_id: written.id, note: "hello from async" },
+      { message_id: withCommit.id, note: "with the commit" },
+    ])
     // Counted once marked, which may come with the relay's next look, after the handler's commit.
-    await eventually("the relay counts it published", async () => (await relay.stats()).published >= 1)
+    await eventually("the relay counts it published", async () => (await relay.stats()).published >= 2)
     expect((await inbox.health()).ready).toBe(true)
   } finally {
     await relay.stop()
