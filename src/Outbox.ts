@@ -20,7 +20,7 @@ import {
 
 export type { EnqueuedMessage, EnqueueOptions, EventInput } from "./core/enqueue.ts"
 export type { Executor, SqlClient } from "./ports/OutboxWriter.ts"
-export type { SqlPool, TransactionOf, TransactionTarget } from "./storage/sql/outboxTransaction.ts"
+export type { ClientOf, SqlPool, TransactionOf, TransactionTarget } from "./storage/sql/outboxTransaction.ts"
 
 const sql = makeEnqueue(writeOutbox)
 

@@ -34,7 +34,17 @@ export type {
   InboxMode,
   InboxStats,
 } from "../Inbox.ts"
-export type { EnqueuedMessage, EnqueueOptions, EventInput, Executor, SqlClient } from "../Outbox.ts"
+export type {
+  ClientOf,
+  EnqueuedMessage,
+  EnqueueOptions,
+  EventInput,
+  Executor,
+  SqlClient,
+  SqlPool,
+  TransactionOf,
+  TransactionTarget,
+} from "../Outbox.ts"
 export type { OutboxShard } from "../ports/OutboxStore.ts"
 export type { RelayConfig, RelayHealth, RelayStats } from "../Relay.ts"
 export type { RetryPolicy } from "../Retry.ts"

@@ -29,6 +29,7 @@ import { classifyDbError } from "./errors.ts"
 
 /** A node-postgres `Pool` (or one like it): a client per transaction, released after. */
 export interface SqlPool {
+  /** A client for one transaction, given back with `release` (an error: dropped instead of kept). */
   // biome-ignore lint/suspicious/noExplicitAny: node-postgres types release's argument loosely
   connect(): Promise<SqlClient & { release(error?: any): void }>
   /** Tells a pool from a client (node-postgres's `Pool` has it). */
@@ -46,7 +47,7 @@ export type TransactionTarget = Kysely<any> | SqlPool | SqlClient
 export type TransactionOf<T> = T extends Kysely<infer DB> ? Kysely<DB> : T extends SqlPool ? ClientOf<T> : T
 
 /** A pool's client: node-postgres's `connect` also has a callback form, which `ReturnType` would pick. */
-type ClientOf<P> = P extends {
+export type ClientOf<P> = P extends {
   connect(): Promise<infer C>
   connect(callback: (...args: never[]) => void): void
 }
