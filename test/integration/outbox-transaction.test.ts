@@ -164,6 +164,38 @@ describe("Outbox.transaction on a node-postgres pool", () => {
   })
 })
 
+describe("Outbox.transaction when the connection is lost", () => {
+  test("killed before the COMMIT: a connection StoreError, nothing committed, the pool drops that connection", async () => {
+    const orderId = crypto.randomUUID()
+    let id = ""
+    let killed = 0
+    const exit = await Effect.runPromiseExit(
+      Outbox.transaction(pool, (client) =>
+        Effect.gen(function* () {
+          yield* insertOrder(client, orderId)
+          id = (yield* Outbox.enqueue(client, Note, { note: "lost with its connection" })).id
+          const pid = (yield* Effect.tryPromise(() => client.query("SELECT pg_backend_pid() AS pid"))).rows[0]
+            .pid
+          // Another session ends this one's backend: the INSERT + COMMIT that follows finds no server.
+          yield* Effect.promise(() => sql`SELECT pg_terminate_backend(${pid}::int)`.execute(t.db))
+          killed = pid
+        }),
+      ),
+    )
+    expect(killed).toBeGreaterThan(0)
+    const failure = Exit.isFailure(exit) ? (exit.cause.reasons[0] as { error?: unknown }).error : undefined
+    expect(failure).toBeInstanceOf(StoreError)
+    expect((failure as StoreError).reason).toBe("connection")
+    expect(await orderExists(orderId)).toBe(false)
+    expect(await outboxRow(id)).toBeUndefined()
+    // The next transaction gets a live connection.
+    const next = await Effect.runPromise(
+      Outbox.transaction(pool, (client) => Outbox.enqueue(client, Note, { note: "after the loss" })),
+    )
+    expect(((await outboxRow(next.id)) as { payload: unknown }).payload).toEqual({ note: "after the loss" })
+  })
+})
+
 describe("Outbox.transaction on a client", () => {
   test("BEGIN, the business write, then the events with the COMMIT: three round trips, not four", async () => {
     const pooled = await pool.connect()

@@ -170,19 +170,40 @@ interface Open {
   readonly release: (broken?: unknown) => void
 }
 
+/** node-postgres's clients are event emitters; one that loses its connection while lent emits `error`. */
+interface Emitter {
+  on(event: "error", listener: (error: unknown) => void): unknown
+  removeListener(event: "error", listener: (error: unknown) => void): unknown
+}
+
+const isEmitter = (client: object): client is Emitter =>
+  typeof (client as Partial<Emitter>).on === "function" &&
+  typeof (client as Partial<Emitter>).removeListener === "function"
+
 const open = async (target: SqlPool | SqlClient): Promise<Open> => {
-  if (!isPool(target))
-    return {
-      session: clientSession(target),
-      multi: await begin(target, clientSession(target)),
-      release: () => {},
-    }
+  if (!isPool(target)) {
+    const session = clientSession(target)
+    return { session, multi: await begin(target, session), release: () => {} }
+  }
   const client = await target.connect()
+  // A pool listens for its idle clients' errors, not for a lent one's: a connection lost between two
+  // statements (a restart, a terminated backend) would be an unhandled `error` event, which ends
+  // the process. The statement that follows fails, and the client goes back broken.
+  let lost: unknown
+  const onError = (error: unknown) => {
+    lost ??= error
+  }
+  const emitter = isEmitter(client) ? client : undefined
+  emitter?.on("error", onError)
+  const release = (broken?: unknown) => {
+    emitter?.removeListener("error", onError)
+    client.release(broken ?? lost)
+  }
   const session = clientSession(client)
   try {
-    return { session, multi: await begin(target, session), release: (broken) => client.release(broken) }
+    return { session, multi: await begin(target, session), release }
   } catch (cause) {
-    client.release(cause)
+    release(cause)
     throw cause
   }
 }
