@@ -176,32 +176,27 @@ const setUp = (db: Kysely<unknown>) =>
 
 // ── The orders service: the order and its event commit (or roll back) together ─────────────────
 
-const declined = Symbol("payment declined")
+/** Payment declined after the event was written: the rollback takes the order and the event away. */
+class Declined extends Data.TaggedError("Declined") {}
 
-/** Places one order; true when it committed, false when it rolled back. */
+/**
+ * Places one order; true when it committed, false when it rolled back. `Outbox.transaction` opens
+ * the transaction and commits it, the event's row going to the database with the COMMIT.
+ */
 const placeOrder = (db: Kysely<unknown>) =>
-  Effect.tryPromise({
-    try: () =>
-      db
-        .transaction()
-        .execute(async (trx) => {
-          const order = { id: crypto.randomUUID(), total_cents: 1000 + Math.floor(Math.random() * 49_000) }
-          await shop(trx).insertInto("orders").values(order).execute()
-          await Effect.runPromise(
-            Outbox.enqueue(trx, OrderPlaced, { orderId: order.id, totalCents: order.total_cents }).pipe(
-              Effect.provideService(TxboxSchema, TXBOX),
-            ),
-          )
-          // Declined after the event was written: the rollback takes the order and the event away.
-          if (Math.random() < ROLLBACK_RATE) throw declined
-          return true
-        })
-        .catch((error) => {
-          if (error === declined) return false
-          throw error
-        }),
-    catch: (cause) => new QueryFailed({ what: "place an order", cause }),
-  })
+  Outbox.transaction(db, (trx) =>
+    Effect.gen(function* () {
+      const order = { id: crypto.randomUUID(), total_cents: 1000 + Math.floor(Math.random() * 49_000) }
+      yield* Effect.tryPromise(() => shop(trx).insertInto("orders").values(order).execute())
+      yield* Outbox.enqueue(trx, OrderPlaced, { orderId: order.id, totalCents: order.total_cents })
+      if (Math.random() < ROLLBACK_RATE) return yield* new Declined()
+      return true
+    }),
+  ).pipe(
+    Effect.provideService(TxboxSchema, TXBOX),
+    Effect.catchTag("Declined", () => Effect.succeed(false)),
+    Effect.mapError((cause) => new QueryFailed({ what: "place an order", cause })),
+  )
 
 // ── The billing service: one invoice per OrderPlaced, written in the inbox's transaction ────────
 

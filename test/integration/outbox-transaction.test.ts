@@ -267,6 +267,27 @@ describe("Outbox.transaction on a Kysely (postgres.js)", () => {
     expect(((await outboxRow(keyed.id)) as { payload: unknown }).payload).toEqual({ note: "keyed" })
   })
 
+  test("interrupted in its body, the transaction rolls back: nothing committed, the connection free", async () => {
+    const orderId = crypto.randomUUID()
+    const fiber = Effect.runFork(
+      Outbox.transaction(t.db, (trx) =>
+        Effect.gen(function* () {
+          yield* Effect.tryPromise(() => trx.insertInto("orders").values({ id: orderId, total: 5 }).execute())
+          yield* Outbox.enqueue(trx, Note, { note: "interrupted" })
+          return yield* Effect.never
+        }),
+      ),
+    )
+    await Bun.sleep(300)
+    await Effect.runPromise(Fiber.interrupt(fiber))
+    expect(await orderExists(orderId)).toBe(false)
+    // The connection went back: the next transaction on the same Kysely commits.
+    const next = await Effect.runPromise(
+      Outbox.transaction(t.db, (trx) => Outbox.enqueue(trx, Note, { note: "next" })),
+    )
+    expect(((await outboxRow(next.id)) as { payload: unknown }).payload).toEqual({ note: "next" })
+  })
+
   test("the body's failure rolls both back", async () => {
     const orderId = crypto.randomUUID()
     let id = ""

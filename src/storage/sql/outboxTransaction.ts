@@ -97,7 +97,10 @@ const asksMultiStatement = async (session: Session): Promise<boolean> => {
     await session.run(`SELECT 1; SELECT set_config('${MARK}', 'on', true)`)
     const rows = await session.run(`SELECT current_setting('${MARK}', true) AS on`)
     return rows[0]?.on === "on"
-  } catch {
+  } catch (cause) {
+    // A lost connection says nothing about the driver: asked again on the next transaction.
+    const error = classifyDbError("Outbox.transaction begin", cause)
+    if (error.reason === "connection") throw error
     return false
   } finally {
     await session.run("ROLLBACK").catch(() => undefined)
@@ -107,10 +110,16 @@ const asksMultiStatement = async (session: Session): Promise<boolean> => {
 const multiStatementOn = (target: object, session: Session): boolean | Promise<boolean> => {
   const known = multiStatement.get(target)
   if (known !== undefined) return known
-  const answer = asksMultiStatement(session).then((multi) => {
-    multiStatement.set(target, multi)
-    return multi
-  })
+  const answer = asksMultiStatement(session).then(
+    (multi) => {
+      multiStatement.set(target, multi)
+      return multi
+    },
+    (error) => {
+      multiStatement.delete(target)
+      throw error
+    },
+  )
   multiStatement.set(target, answer)
   return answer
 }
