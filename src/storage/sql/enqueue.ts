@@ -397,7 +397,13 @@ export const enqueueError = (cause: unknown, operation = "Outbox.enqueue"): Stor
  * given, the unkeyed rows its enqueue calls made, each with its schema. A keyed row is written at
  * once: its numbers come back from the counter's statement and go into its row.
  */
-export const riding = new WeakMap<object, Array<{ readonly schema: string; readonly row: EnqueueRow }>>()
+export const riding = new WeakMap<object, Array<RidingRow>>()
+
+/** A row waiting for its transaction's COMMIT, and the schema whose outbox it goes into. */
+export interface RidingRow {
+  readonly schema: string
+  readonly row: EnqueueRow
+}
 
 /** The database a transaction's statements run on, for the wake-up check's quiet window. */
 export const scopeOf = (executor: Executor): object =>
@@ -411,7 +417,7 @@ export const scopeOf = (executor: Executor): object =>
  */
 export const commitInserts = (
   scope: object,
-  rows: ReadonlyArray<{ readonly schema: string; readonly row: EnqueueRow }>,
+  rows: ReadonlyArray<RidingRow>,
 ): { readonly texts: ReadonlyArray<string>; readonly committed: () => void } => {
   const bySchema = new Map<string, OutboxValues[]>()
   for (const { schema, row } of rows) {

@@ -45,7 +45,7 @@ const templateOf = (sql: string): Template => {
 }
 
 /** `value` as a literal; throws for what a literal cannot carry (a NUL byte) or txbox never binds. */
-export const literalOf = (value: unknown, index: number): string => {
+const literalOf = (value: unknown, index: number): string => {
   if (value === null) return "NULL"
   if (typeof value === "number" && Number.isSafeInteger(value)) return String(value)
   if (typeof value === "string") {

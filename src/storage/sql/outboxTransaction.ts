@@ -23,8 +23,8 @@
 import { type Context, Effect, Exit, type Fiber } from "effect"
 import { CompiledQuery, type Kysely } from "kysely"
 import { StoreError } from "../../Errors.ts"
-import type { EnqueueRow, SqlClient } from "../../ports/OutboxWriter.ts"
-import { commitInserts, enqueueError, riding, scopeOf } from "./enqueue.ts"
+import type { SqlClient } from "../../ports/OutboxWriter.ts"
+import { commitInserts, enqueueError, type RidingRow, riding, scopeOf } from "./enqueue.ts"
 import { classifyDbError } from "./errors.ts"
 
 /** A node-postgres `Pool` (or one like it): a client per transaction, released after. */
@@ -124,8 +124,6 @@ const multiStatementOn = (target: object, session: Session): boolean | Promise<b
   return answer
 }
 
-type Rows = Array<{ readonly schema: string; readonly row: EnqueueRow }>
-
 /** BEGIN on `session`; whether its target takes two statements in a text. */
 const begin = async (target: object, session: Session): Promise<boolean> => {
   const multi = await multiStatementOn(target, session)
@@ -141,7 +139,7 @@ const begin = async (target: object, session: Session): Promise<boolean> => {
  * fails, where COMMIT would answer ROLLBACK and no error. Rejects with a `StoreError`; the
  * transaction is then rolled back (or was: a failed COMMIT ends it).
  */
-const commit = async (session: Session, multi: boolean, rows: Rows): Promise<void> => {
+const commit = async (session: Session, multi: boolean, rows: ReadonlyArray<RidingRow>): Promise<void> => {
   const { texts, committed } = commitInserts(scopeOf(session.trx as SqlClient), rows)
   const before = texts.length > 0 ? texts : ["SELECT 1"]
   try {
@@ -157,8 +155,12 @@ const commit = async (session: Session, multi: boolean, rows: Rows): Promise<voi
   committed()
 }
 
-/** Never rejects: a connection that cannot roll back is dropped by its pool (see `release`). */
-const rollback = (session: Session): Promise<unknown> => session.run("ROLLBACK").catch((cause) => cause)
+/** Never rejects; its error, if it failed: a connection that cannot roll back is dropped by its pool (see `release`). */
+const rollback = (session: Session): Promise<unknown> =>
+  session.run("ROLLBACK").then(
+    () => undefined,
+    (cause) => cause,
+  )
 
 /** A promise as an Effect, without an AbortController per call (one per business transaction). */
 const promised = <A>(run: () => Promise<A>): Effect.Effect<A, StoreError> =>
@@ -225,7 +227,7 @@ const onClient = <A, E, R>(
   Effect.acquireUseRelease(
     promised(() => open(target)),
     ({ session, multi }) => {
-      const rows: Rows = []
+      const rows: RidingRow[] = []
       riding.set(session.trx, rows)
       return Effect.flatMap(
         Effect.ensuring(
@@ -243,9 +245,7 @@ const onClient = <A, E, R>(
       Exit.isSuccess(exit)
         ? Effect.sync(() => release())
         : // A failed COMMIT rolled back already; a second ROLLBACK only warns.
-          Effect.promise(async () =>
-            release(await rollback(session).then((cause) => (cause instanceof Error ? cause : undefined))),
-          ),
+          Effect.promise(async () => release(await rollback(session))),
   )
 
 /**
@@ -265,7 +265,7 @@ const onKysely = <A, E, R>(
         .execute(async (conn) => {
           const session = kyselySession(conn)
           const multi = await begin(db, session)
-          const rows: Rows = []
+          const rows: RidingRow[] = []
           riding.set(conn, rows)
           const exit = await new Promise<Exit.Exit<A, E>>((done) => {
             if (interrupted) return done(Exit.interrupt())
