@@ -1,13 +1,15 @@
 // What a relay costs with nothing to do (issue #27): one relay process with txbox's defaults, the
 // polling source against the WAL source, on an empty outbox, CPU from /proc for the relay and for
 // PostgreSQL (and what the WAL slot holds at the end). A PostgreSQL of the bench's own with
-// wal_level = logical, for both sources.
+// wal_level = logical, for both sources. Source "inbox": one idle consumer process instead (an
+// idempotent inbox with the defaults, nothing published), what each consumer process costs with
+// nothing to do (issue #25).
 //
-//   bun bench/idle.ts [--quick] [--seconds 30] [--settle 5] [--sources poll,wal]
+//   bun bench/idle.ts [--quick] [--seconds 30] [--settle 5] [--sources poll,wal,inbox]
 
 import { startLocalPostgres } from "../test/support/postgres.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
-import { defaultRelayEnv, type RelayStatsLine, spawnChild } from "./support/children.ts"
+import { defaultInboxEnv, defaultRelayEnv, type RelayStatsLine, spawnChild } from "./support/children.ts"
 import { cpuMeter, portOf } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import {
@@ -26,7 +28,7 @@ const quick = args.quick
 const config = {
   seconds: args.number("seconds", quick ? 3 : 30),
   settleSeconds: args.number("settle", quick ? 1 : 5),
-  sources: args.string("sources", "poll,wal").split(",") as Array<"poll" | "wal">,
+  sources: args.string("sources", "poll,wal,inbox").split(",") as Array<"poll" | "wal" | "inbox">,
 }
 
 interface Row {
@@ -34,7 +36,8 @@ interface Row {
   /** CPU ms per second of wall time. */
   readonly relayMsPerS: number | undefined
   readonly postgresMsPerS: number | undefined
-  readonly claims: number
+  /** The relay's claims (a consumer's processor does not count its own). */
+  readonly claims: number | undefined
   readonly retainedBytes: number | undefined
 }
 
@@ -47,14 +50,33 @@ main(() =>
       for (const source of config.sources) {
         const bench = await createBenchDatabase(local.url, `idle_${source}`)
         const exchange = uniqueName("bench_idle")
-        const relay = spawnChild<RelayStatsLine>("relayProcess.ts", {
-          ...defaultRelayEnv({ dbUrl: bench.url, listenUrl: bench.url, amqpUrl: services.amqpUrl, exchange }),
-          ...(source === "wal" ? { SOURCE: "wal" } : {}),
-        })
+        const relay =
+          source === "inbox"
+            ? spawnChild<RelayStatsLine>(
+                "inboxProcess.ts",
+                defaultInboxEnv({
+                  dbUrl: bench.url,
+                  listenUrl: bench.url,
+                  amqpUrl: services.amqpUrl,
+                  exchange,
+                  consumer: uniqueName("bench_idle_inbox"),
+                  statsMs: 1000,
+                }),
+              )
+            : spawnChild<RelayStatsLine>("relayProcess.ts", {
+                ...defaultRelayEnv({
+                  dbUrl: bench.url,
+                  listenUrl: bench.url,
+                  amqpUrl: services.amqpUrl,
+                  exchange,
+                }),
+                ...(source === "wal" ? { SOURCE: "wal" } : {}),
+              })
         try {
           await relay.ready
-          relay.send("go")
-          await relay.waitFor("the relay to start", (line) => line.event === "stats", 30_000)
+          // The inbox consumes once subscribed (its ready line); a relay waits for the word.
+          if (source !== "inbox") relay.send("go")
+          await relay.waitFor("the process to start", (line) => line.event === "stats", 30_000)
           await sleep(config.settleSeconds * 1000)
           const claimsBefore = relay.latest()?.claims ?? 0
           const from = meter.sample([relay.pid])
@@ -68,13 +90,13 @@ main(() =>
             source,
             relayMsPerS: use.perChild[0] === undefined ? undefined : use.perChild[0] * 1000,
             postgresMsPerS: use.postgres === undefined ? undefined : use.postgres * 1000,
-            claims: (relay.latest()?.claims ?? 0) - claimsBefore,
+            claims: source === "inbox" ? undefined : (relay.latest()?.claims ?? 0) - claimsBefore,
             retainedBytes: retained[0]?.bytes ?? undefined,
           }
           rows.push(row)
           log(
             `${source}: relay ${round(row.relayMsPerS ?? Number.NaN, 2)} ms/s, PostgreSQL ${round(row.postgresMsPerS ?? Number.NaN, 2)} ms/s, ` +
-              `${row.claims} claims in ${config.seconds} s`,
+              `${row.claims ?? "-"} claims in ${config.seconds} s`,
           )
         } finally {
           await relay.stop()
@@ -90,13 +112,13 @@ main(() =>
       await local.stop()
     }
     printTable(
-      `An idle relay (empty outbox), txbox's defaults, ${config.seconds} s: CPU ms per second of wall time`,
-      ["source", "relay ms/s", "PostgreSQL ms/s", "claims", "slot retains B"],
+      `An idle relay (empty outbox) or consumer, txbox's defaults, ${config.seconds} s: CPU ms per second of wall time`,
+      ["source", "process ms/s", "PostgreSQL ms/s", "claims", "slot retains B"],
       rows.map((r) => [
         r.source,
         r.relayMsPerS === undefined ? undefined : round(r.relayMsPerS, 2),
         r.postgresMsPerS === undefined ? undefined : round(r.postgresMsPerS, 2),
-        r.claims,
+        r.claims ?? "-",
         r.retainedBytes === undefined ? "-" : Math.round(r.retainedBytes),
       ]),
     )

@@ -4,11 +4,13 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test"
 import amqp from "amqplib"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import type { StandardSchemaV1 } from "effect/StandardSchema"
-import { CompiledQuery, sql } from "kysely"
+import { CompiledQuery, Kysely, sql } from "kysely"
+import { PostgresJSDialect } from "kysely-postgres-js"
 import postgres from "postgres"
 import { defineEvent } from "../../src/Contract.ts"
 import { uuidv7 } from "../../src/core/uuid.ts"
 import * as Inbox from "../../src/Inbox.ts"
+import { Database } from "../../src/ports/Database.ts"
 import { InboxStore } from "../../src/ports/InboxStore.ts"
 import { Transport } from "../../src/ports/Transport.ts"
 import * as SqlInboxStore from "../../src/storage/sql/SqlInboxStore.ts"
@@ -758,6 +760,50 @@ describe("inbox leases", () => {
       }
     } finally {
       await sql`DELETE FROM txbox.inbox WHERE consumer = ${consumer}`.execute(t.db)
+    }
+  })
+})
+
+describe("the processor's claim after one that found nothing", () => {
+  test("asks whether anything is due (one probe) instead of running the claim; a row due is claimed, and the claim after that goes straight", async () => {
+    const consumer = uniqueName("probe")
+    const ran: string[] = []
+    const client = postgres(t.url, { max: 2, onnotice: () => {} })
+    // biome-ignore lint/suspicious/noExplicitAny: txbox's tables only
+    const db = new Kysely<any>({
+      dialect: new PostgresJSDialect({ postgres: client }),
+      log: (event) => {
+        if (event.level === "query") ran.push(event.query.sql)
+      },
+    })
+    const store = await Effect.runPromise(
+      SqlInboxStore.make.pipe(
+        // The store on a Kysely of the test's own (its log is what this test reads); no wake-ups here.
+        Effect.provideService(Database, { db, schema: "txbox", listen: () => Effect.void }),
+      ),
+    )
+    const claim = () => Effect.runPromise(store.claim(consumer, 10, 30_000))
+    const claims = () => ran.filter((text) => /with recursive/i.test(text)).length
+    const probes = () => ran.filter((text) => /^select exists/i.test(text)).length
+    try {
+      expect((await claim()).rows).toEqual([])
+      expect([claims(), probes()]).toEqual([1, 0])
+      // Nothing came since: the probe alone.
+      expect((await claim()).rows).toEqual([])
+      expect((await claim()).rows).toEqual([])
+      expect([claims(), probes()]).toEqual([1, 2])
+      const key = uuidv7()
+      await sql`INSERT INTO txbox.inbox (message_id, consumer, type, version, payload, headers, status)
+        VALUES (${key}, ${consumer}, 'note', 1, '{}', '{}', 'pending')`.execute(t.db)
+      // The probe finds it due; the claim takes it.
+      expect((await claim()).rows.map((row) => row.key)).toEqual([key])
+      expect([claims(), probes()]).toEqual([2, 3])
+      // A claim that found rows is followed by a claim, not a probe.
+      expect((await claim()).rows).toEqual([])
+      expect([claims(), probes()]).toEqual([3, 3])
+    } finally {
+      await sql`DELETE FROM txbox.inbox WHERE consumer = ${consumer}`.execute(t.db)
+      await db.destroy()
     }
   })
 })

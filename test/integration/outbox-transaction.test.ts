@@ -228,16 +228,30 @@ describe("Outbox.transaction on a client", () => {
     }
   })
 
-  test("keyed events are numbered in their key's sequence, written when enqueued", async () => {
+  test("keyed events are numbered in their key's sequence, written when enqueued, with no savepoint: BEGIN, the key's number, the row, COMMIT", async () => {
     const key = `k-${crypto.randomUUID()}`
     const ids: string[] = []
-    for (let i = 1; i <= 3; i++) {
-      const m = await Effect.runPromise(
-        Outbox.transaction(pool, (client) =>
-          Outbox.enqueue(client, Note, { note: `${i}` }, { partitionKey: key }),
-        ),
-      )
-      ids.push(m.id)
+    const pooled = await pool.connect()
+    try {
+      const { texts, client } = recording(pooled)
+      for (let i = 1; i <= 3; i++) {
+        texts.length = 0
+        const m = await Effect.runPromise(
+          Outbox.transaction(client, (trx) =>
+            Outbox.enqueue(trx, Note, { note: `${i}` }, { partitionKey: key }),
+          ),
+        )
+        ids.push(m.id)
+      }
+      // The last transaction's texts (the first on the client also asked its one question).
+      expect(texts.length).toBe(4)
+      expect(texts[0]).toBe("BEGIN")
+      expect(texts[1]).toContain("partition_counters")
+      expect(texts[2]).toContain('INSERT INTO "txbox".outbox')
+      expect(texts[3]).toEndWith("COMMIT")
+      expect(texts.some((text) => /SAVEPOINT/i.test(text))).toBe(false)
+    } finally {
+      pooled.release()
     }
     const seqs = await sql<{
       partition_seq: string

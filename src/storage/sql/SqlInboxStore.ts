@@ -886,6 +886,32 @@ export const markQuery = (
   )
 }
 
+/**
+ * Whether `consumer` has a pending row due now within the look-back: one probe of `inbox_due`.
+ * The claim is a recursive statement of 3.5 KB that PostgreSQL plans anew on every call (1.6 ms a
+ * plan in bench/cost.ts's pg_stat_statements); an idempotent inbox's processor rarely has rows (only
+ * ordered messages and stored ones), yet its fallback poll claimed every second in every process.
+ */
+export const dueQuery = (
+  db: Kysely<TxboxDatabase>,
+  { consumer, sinceMs }: { readonly consumer: string; readonly sinceMs: number },
+): CompiledQuery<{ due: boolean }> =>
+  db
+    .selectNoFrom((eb) =>
+      eb
+        .exists(
+          eb
+            .selectFrom("inbox as w")
+            .select(sql.lit(1).as("one"))
+            .where("w.consumer", "=", consumer)
+            .where("w.status", "=", pending)
+            .where("w.visible_at", "<=", now)
+            .where("w.visible_at", ">=", nowMinusMs(sinceMs)),
+        )
+        .as("due"),
+    )
+    .compile()
+
 /** Per consumer, how far back its claims look (claimWindow.ts, as the relay's). */
 const claimWindows = () => {
   const windows = new Map<string, ClaimWindow>()
@@ -924,6 +950,8 @@ export interface InboxStatements {
     OrderedDeadPolicy,
     Record<"heads" | "chains", (params: Parameters<typeof claimQuery>[1]) => CompiledQuery<ClaimedRow>>
   >
+  /** Before a claim that follows an empty one: whether there is anything to claim at all. */
+  readonly due: (params: Parameters<typeof dueQuery>[1]) => CompiledQuery<{ due: boolean }>
   readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
   readonly releaseSome: (params: Parameters<typeof releaseSomeQuery>[1]) => CompiledQuery
   readonly park: (params: Parameters<typeof parkQuery>[1]) => CompiledQuery
@@ -980,6 +1008,7 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
     rows: "\0rows",
   }),
   claim: claimStatements(db),
+  due: prepare(db, dueQuery, { consumer: "\0consumer", sinceMs: -1 }),
   release: prepare(db, releaseQuery, { consumer: "\0consumer", token: "\0token" }),
   releaseSome: prepare(db, releaseSomeQuery, { consumer: "\0consumer", token: "\0token", keys: "\0keys" }),
   park: prepare(db, parkQuery, { consumer: "\0consumer", waitedMs: -1 }),
@@ -1089,6 +1118,78 @@ const recordBindings = async (
   }
 }
 
+/** Claims remembered at most; a processor has a claim or two in flight. */
+const MAX_CLAIMS = 1024
+
+/**
+ * The store's `claim`: per consumer, its look-back window and whether its last claim found nothing;
+ * `claimed` keeps each claim's ordered rows for its heartbeat.
+ */
+const makeClaim = (
+  db: Kysely<TxboxDatabase>,
+  q: InboxStatements,
+  claimed: Map<string, ReadonlyArray<InboxRow>>,
+) => {
+  const windowOf = claimWindows()
+  // Consumers whose last claim found nothing: their next claim asks `due` first.
+  const foundNothing = new Set<string>()
+  return Effect.fnUntraced(function* (
+    consumer: string,
+    limit: number,
+    leaseMs: number,
+    onDead: OrderedDeadPolicy = "block",
+    chains = false,
+  ) {
+    const token = uuidv7()
+    const statement = q.claim[onDead][chains ? "chains" : "heads"]
+    const { sinceMs, took } = startClaim(windowOf(consumer), limit)
+    // After a claim that found nothing (idle, the fallback poll), a probe first: the claim itself
+    // is planned anew on every call. Rows are then rare; a claim that finds some skips the probe next.
+    if (foundNothing.has(consumer)) {
+      const due = yield* tryStore("InboxStore.claim", () =>
+        db.executeQuery(q.due({ consumer, sinceMs })).then((r) => r.rows[0]?.due === true),
+      )
+      if (!due) {
+        took(0)
+        return { token, rows: [] } satisfies Claim<InboxRow>
+      }
+    }
+    const rows = yield* tryStoreUndoable(
+      "InboxStore.claim",
+      () =>
+        db.executeQuery(statement({ consumer, limit, token, leaseMs, sinceMs })).then((r) => {
+          took(r.rows.length)
+          return r.rows
+        }),
+      // Given up on (interrupted, e.g. timed out), the statement may still run
+      // later: hand whatever it claims straight back rather than leave it to the lease.
+      (pending) => {
+        pending
+          .then((rows) => (rows.length > 0 ? db.executeQuery(q.release({ consumer, token })) : undefined))
+          .catch(() => undefined)
+      },
+    )
+    // A chained row whose predecessor SKIP LOCKED passed (another claim holds it) must not run
+    // before it: hand it back now.
+    if (rows.length === 0) foundNothing.add(consumer)
+    else foundNothing.delete(consumer)
+    const { ordered, unchained } = chainOrder(
+      rows.map((r) => ({ ...toRow(r), depth: r.chain_depth })),
+      (r) => r.depth === 1,
+    )
+    if (unchained.length > 0) {
+      const keys = JSON.stringify(unchained.map((r) => r.key))
+      yield* tryStore("InboxStore.claim", () => db.executeQuery(q.releaseSome({ consumer, token, keys })))
+    }
+    if (ordered.length > 0) {
+      // Claims that never reach a mark (a failed cycle) must not pile up.
+      if (claimed.size >= MAX_CLAIMS) claimed.clear()
+      claimed.set(token, ordered)
+    }
+    return { token, rows: ordered.map(({ depth: _, ...row }) => row) } satisfies Claim<InboxRow>
+  })
+}
+
 export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(function* () {
   const database = yield* Database
   // Bound to txbox's schema once. Statements are compiled here and run on
@@ -1110,8 +1211,6 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
   // Per claim in flight: its rows, so a heartbeat finds them on the primary key (their keys are
   // written out only then, never on the hot path).
   const claimed = new Map<string, ReadonlyArray<InboxRow>>()
-  // Claims remembered at most; a processor has a claim or two in flight.
-  const MAX_CLAIMS = 1024
   const extendStatement = (consumer: string, token: string, leaseMs: number) => {
     const rows = claimed.get(token)
     return rows === undefined
@@ -1119,49 +1218,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
       : q.extend({ consumer, token, leaseMs, keys: JSON.stringify(rows.map((row) => row.key)) })
   }
 
-  const windowOf = claimWindows()
-  const claim = Effect.fnUntraced(function* (
-    consumer: string,
-    limit: number,
-    leaseMs: number,
-    onDead: OrderedDeadPolicy = "block",
-    chains = false,
-  ) {
-    const token = uuidv7()
-    const statement = q.claim[onDead][chains ? "chains" : "heads"]
-    const { sinceMs, took } = startClaim(windowOf(consumer), limit)
-    const rows = yield* tryStoreUndoable(
-      "InboxStore.claim",
-      () =>
-        db.executeQuery(statement({ consumer, limit, token, leaseMs, sinceMs })).then((r) => {
-          took(r.rows.length)
-          return r.rows
-        }),
-      // Given up on (interrupted, e.g. timed out), the statement may still run
-      // later: hand whatever it claims straight back rather than leave it to the lease.
-      (pending) => {
-        pending
-          .then((rows) => (rows.length > 0 ? db.executeQuery(q.release({ consumer, token })) : undefined))
-          .catch(() => undefined)
-      },
-    )
-    // A chained row whose predecessor SKIP LOCKED passed (another claim holds it) must not run
-    // before it: hand it back now.
-    const { ordered, unchained } = chainOrder(
-      rows.map((r) => ({ ...toRow(r), depth: r.chain_depth })),
-      (r) => r.depth === 1,
-    )
-    if (unchained.length > 0) {
-      const keys = JSON.stringify(unchained.map((r) => r.key))
-      yield* tryStore("InboxStore.claim", () => db.executeQuery(q.releaseSome({ consumer, token, keys })))
-    }
-    if (ordered.length > 0) {
-      // Claims that never reach a mark (a failed cycle) must not pile up.
-      if (claimed.size >= MAX_CLAIMS) claimed.clear()
-      claimed.set(token, ordered)
-    }
-    return { token, rows: ordered.map(({ depth: _, ...row }) => row) } satisfies Claim<InboxRow>
-  })
+  const claim = makeClaim(db, q, claimed)
 
   return {
     transaction: (use, options) =>

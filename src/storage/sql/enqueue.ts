@@ -362,18 +362,20 @@ const clientDatabases = new WeakMap<SqlClient, object>()
 /**
  * On a plain client: the statements as they are. Keyed rows must commit with their numbers, so
  * they go under a savepoint, which PostgreSQL refuses outside a transaction block (25P01): a
- * client that is not in one gets that error, and nothing is written.
+ * client that is not in one gets that error, and nothing is written. In `Outbox.transaction`
+ * (`inTransaction`: txbox sent the BEGIN) the check is not needed, nor its two round trips.
  */
 const writeOnClient = async (
   client: SqlClient,
   schema: string,
   rows: ReadonlyArray<EnqueueRow>,
   keyed: boolean,
+  inTransaction: boolean,
 ): Promise<void> => {
   const run: Run = (statement) =>
     client.query(statement.sql, statement.parameters as unknown[]).then((result) => result.rows)
   const scope = databaseOf(client)
-  if (!keyed) return writeWith(compiler, run, scope, schema, rows, false)
+  if (!keyed || inTransaction) return writeWith(compiler, run, scope, schema, rows, keyed)
   await client.query("SAVEPOINT txbox_enqueue")
   await writeWith(compiler, run, scope, schema, rows, true)
   await client.query("RELEASE SAVEPOINT txbox_enqueue")
@@ -450,7 +452,7 @@ export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
   }
   if (!isKysely(executor)) {
     return Effect.tryPromise({
-      try: () => writeOnClient(executor, schema, rows, keyed),
+      try: () => writeOnClient(executor, schema, rows, keyed, waiting !== undefined),
       catch: (cause) => enqueueError(cause),
     })
   }
