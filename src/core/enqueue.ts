@@ -22,7 +22,9 @@ export interface EnqueueOptions {
    * Numbers the message in its key's sequence (1, 2, 3, … in the order the
    * enqueueing transactions commit), carried to consumers as
    * `envelope.position`. Costs one more statement, and same-key transactions
-   * wait for each other from this enqueue to their commit.
+   * wait for each other from this enqueue to their commit (in
+   * `Outbox.transaction`: numbered in the COMMIT's round trip, no statement
+   * of its own, the wait only that long).
    */
   readonly partitionKey?: string
   /** The tenant the event belongs to: on its row (`txbox status` and `txbox dead` filter by it) and carried as `envelope.tenantId`. */

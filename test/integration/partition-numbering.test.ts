@@ -127,6 +127,72 @@ for (const driver of ["pg", "postgres.js"] as const) {
       }
     })
 
+    test("Outbox.transaction writers among writers in their own transactions: numbers 1..n per key, no gap, one commit order across keys", async () => {
+      const keys = Array.from({ length: 3 }, (_, i) => `m${i}-${uuidv7()}`)
+      const rolledBack = new Set<string>()
+      await withDb(async (db) => {
+        await Promise.all(
+          Array.from({ length: 30 }, async (_, n) => {
+            const label = `t${n}`
+            const mine = keys.filter((_, i) => (n + i) % 3 !== 0).sort(() => Math.random() - 0.5)
+            const events = mine.map((key) => ({
+              contract: Step,
+              payload: { label },
+              options: { partitionKey: key },
+            }))
+            const rollback = n % 5 === 4
+            if (rollback) rolledBack.add(label)
+            const pause = () => sleep(Math.random() * 20)
+            // Every other one in Outbox.transaction: its numbers are taken in its COMMIT's text, on the
+            // same counter rows the others lock from their enqueue to their commit.
+            const done =
+              n % 2 === 0
+                ? Effect.runPromise(
+                    Outbox.transaction(db, (trx) =>
+                      Effect.promise(pause).pipe(
+                        Effect.andThen(Outbox.enqueueMany(trx, events)),
+                        Effect.andThen(Effect.promise(pause)),
+                        Effect.andThen(
+                          rollback ? Effect.fail(new Error("rolled back on purpose")) : Effect.void,
+                        ),
+                      ),
+                    ),
+                  )
+                : db.transaction().execute(async (trx) => {
+                    await pause()
+                    await Effect.runPromise(Outbox.enqueueMany(trx, events))
+                    await pause()
+                    if (rollback) throw new Error("rolled back on purpose")
+                  })
+            await done.catch((error) => {
+              if (!rollback) throw error
+            })
+          }),
+        )
+      })
+      // Commit order is one order: whatever two transactions share a key, they are numbered the same
+      // way round on each (the keys' orders together have no cycle). The client cannot see it more
+      // closely: a transaction that waited for the counter commits a moment after the one before.
+      const after = new Map<string, Set<string>>()
+      for (const key of keys) {
+        const labels = (await positionsOf(key)).map((r) => r.label)
+        expect((await positionsOf(key)).map((r) => Number(r.seq))).toEqual(labels.map((_, i) => i + 1))
+        expect(labels.some((label) => rolledBack.has(label))).toBe(false)
+        expect(labels.length).toBe(
+          Array.from({ length: 30 }, (_, n) => n).filter(
+            (n) => (n + keys.indexOf(key)) % 3 !== 0 && !rolledBack.has(`t${n}`),
+          ).length,
+        )
+        labels.forEach((label, i) => {
+          const set = after.get(label) ?? new Set<string>()
+          for (const later of labels.slice(i + 1)) set.add(later)
+          after.set(label, set)
+        })
+      }
+      for (const [label, laters] of after)
+        for (const later of laters) expect(after.get(later)?.has(label)).not.toBe(true)
+    })
+
     test("several events of one key in one call take consecutive numbers in call order; unkeyed ones none", async () => {
       const key = `batch-${uuidv7()}`
       await withDb(async (db) => {
@@ -199,6 +265,73 @@ for (const driver of ["pg", "postgres.js"] as const) {
         ["a5", 5, { a: 3, b: 4 }],
         ["o1", 1, {}],
       ])
+    })
+
+    test("Outbox.transaction numbers keyed rows in its COMMIT's text: the same numbers and routes, headers kept, unkeyed rows beside them", async () => {
+      const key = `ride-${uuidv7()}`
+      const other = `ride-other-${uuidv7()}`
+      const ev = (
+        label: string,
+        partitionKey: string,
+        routingKey?: string,
+        headers?: Record<string, string>,
+      ) => ({
+        contract: Step,
+        payload: { label },
+        options: { partitionKey, ...(routingKey ? { routingKey } : {}), ...(headers ? { headers } : {}) },
+      })
+      await withDb(async (db) => {
+        await Effect.runPromise(
+          Outbox.transaction(db, (trx) =>
+            Effect.andThen(
+              Outbox.enqueue(trx, Step, { label: `ride-unkeyed-${key}` }),
+              Outbox.enqueueMany(trx, [
+                ev("a1", key, "a"),
+                ev("o1", other, "a"),
+                ev("b2", key, "b", { tenant: "acme" }),
+                ev("a3", key, "a"),
+              ]),
+            ),
+          ),
+        )
+        // The counter's routes from the COMMIT before, read under its lock.
+        await Effect.runPromise(
+          Outbox.transaction(db, (trx) => Outbox.enqueueMany(trx, [ev("b4", key, "b"), ev("a5", key, "a")])),
+        )
+      })
+      const rows = await sql<{
+        label: string
+        seq: string
+        epoch: string
+        routes: string
+        tenant: string | null
+      }>`
+        SELECT payload->>'label' AS label, partition_seq AS seq, partition_epoch AS epoch,
+               headers->>'txbox-partition-routes' AS routes, headers->>'tenant' AS tenant
+        FROM txbox.outbox WHERE partition_key IN (${key}, ${other}) ORDER BY partition_key, partition_seq`.execute(
+        t.db,
+      )
+      const seqs = (routes: string) =>
+        Object.fromEntries(
+          Object.entries(JSON.parse(routes) as Record<string, [number, number]>).map(([r, [n]]) => [r, n]),
+        )
+      expect(rows.rows.map((r) => [r.label, Number(r.seq), seqs(r.routes), r.tenant])).toEqual([
+        ["a1", 1, {}, null],
+        ["b2", 2, { a: 1 }, "acme"],
+        ["a3", 3, { a: 1, b: 2 }, null],
+        ["b4", 4, { a: 3, b: 2 }, null],
+        ["a5", 5, { a: 3, b: 4 }, null],
+        ["o1", 1, {}, null],
+      ])
+      // One epoch per key, the counter's; the enqueue times the database's clock, in ms.
+      expect(new Set(rows.rows.filter((r) => r.label !== "o1").map((r) => r.epoch)).size).toBe(1)
+      const [, at] = Object.values(JSON.parse(rows.rows[4]!.routes) as Record<string, [number, number]>)[0]!
+      expect(Math.abs(at - Date.now())).toBeLessThan(60_000)
+      const unkeyed = await sql<{ seq: string | null }>`
+        SELECT partition_seq AS seq FROM txbox.outbox WHERE payload->>'label' = ${`ride-unkeyed-${key}`}`.execute(
+        t.db,
+      )
+      expect(unkeyed.rows).toEqual([{ seq: null }])
     })
   })
 }

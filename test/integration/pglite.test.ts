@@ -132,6 +132,21 @@ describe("PGlite store", () => {
       { n: 2, note: null },
     ])
     expect(rows.rows[1]!.id).toBe(committed.id)
+    // Keyed events are numbered in the statement before the COMMIT, on PGlite too.
+    for (const n of [10, 11])
+      await Effect.runPromise(
+        inSchema(
+          "otx",
+          Outbox.transaction(db, (trx) =>
+            Outbox.enqueue(trx, Ping, { n, note: null }, { partitionKey: "ride" }),
+          ),
+        ),
+      )
+    const keyed = await sql<{ seq: string }>`
+      SELECT partition_seq AS seq FROM otx.outbox WHERE partition_key = 'ride' ORDER BY partition_seq`.execute(
+      db,
+    )
+    expect(keyed.rows.map((r) => Number(r.seq))).toEqual([1, 2])
   })
 
   test("partition numbers: 1, 2 per key in commit order; a rolled-back enqueue takes its number with it", async () => {

@@ -172,6 +172,80 @@ const insertOutbox = (schema: string, rows: ReadonlyArray<OutboxValues>, check: 
   return rawStatement(t.many, [JSON.stringify(rows)])
 }
 
+/**
+ * Keyed rows numbered and written in one statement, for `Outbox.transaction`'s COMMIT text: what
+ * `numberByKey` and the INSERT after it do, in SQL, so that nothing has to come back to the client
+ * before the row is written. `$1` is the rows as JSON, each with `i`, its place in the call. Per
+ * key: its rows' count and each route's last row (`k`); the counter takes them (keys in sorted
+ * order, under its row lock until COMMIT, so numbers follow commit order) and answers its last
+ * number and the routes it held before (`c`); each row gets the number `last - count + j` (its
+ * `j`th of the key) and carries, per route, the last message before it: the counter's routes as
+ * they were, with the key's earlier rows of this call on top.
+ */
+const keyedText = (schema: string, check: boolean): string => {
+  const s = `"${schema}"`
+  const insert =
+    `INSERT INTO ${s}.outbox (${COLUMNS}) ` +
+    "SELECT r.id, r.type, r.version, r.payload::jsonb, " +
+    `r.headers::jsonb || jsonb_build_object('${PARTITION_ROUTES_HEADER}', (c.routes_before || COALESCE((` +
+    "SELECT jsonb_object_agg(p.route, jsonb_build_array(c.last - r.n + p.j_last, c.now_ms)) FROM (" +
+    "SELECT e.route, max(e.j) AS j_last FROM r AS e WHERE e.partition_key = r.partition_key AND e.j < r.j " +
+    "GROUP BY e.route) AS p), '{}'::jsonb))::text), " +
+    "r.routing_key, r.partition_key, r.tenant_id, " +
+    "COALESCE(r.visible_at, now() + r.delay_ms * interval '1 millisecond'), c.epoch, c.last - r.n + r.j " +
+    "FROM r JOIN c ON c.partition_key = r.partition_key ORDER BY r.i"
+  return (
+    "WITH r AS (SELECT d.*, COALESCE(d.routing_key, d.type) AS route, " +
+    "row_number() OVER (PARTITION BY d.partition_key ORDER BY d.i) AS j, " +
+    "count(*) OVER (PARTITION BY d.partition_key) AS n " +
+    "FROM json_to_recordset($1::text::json) AS d(i integer, id uuid, type text, version integer, payload text, " +
+    "headers text, routing_key text, partition_key text, tenant_id text, visible_at timestamptz, delay_ms bigint)), " +
+    "k AS (SELECT g.partition_key AS key, max(g.n) AS count, " +
+    `jsonb_object_agg(g.route, jsonb_build_array(g.j_last, ${NOW_MS_TEXT})) AS routes ` +
+    "FROM (SELECT partition_key, route, max(j) AS j_last, max(n) AS n FROM r GROUP BY partition_key, route) AS g " +
+    "GROUP BY g.partition_key), " +
+    `c AS (INSERT INTO ${s}.partition_counters AS pc (partition_key, seq, routes) ` +
+    "SELECT k.key, k.count, k.routes FROM k ORDER BY k.key " +
+    "ON CONFLICT (partition_key) DO UPDATE SET seq = pc.seq + excluded.seq, updated_at = now(), " +
+    "routes_before = pc.routes, routes = pc.routes || (SELECT jsonb_object_agg(e.r, " +
+    "jsonb_build_array(pc.seq + (e.v ->> 0)::bigint, e.v -> 1)) FROM jsonb_each(excluded.routes) AS e(r, v)) " +
+    `RETURNING pc.partition_key, pc.epoch, pc.seq AS last, pc.routes_before, ${NOW_MS_TEXT} AS now_ms), ` +
+    `w AS (${insert}) ` +
+    (check ? `SELECT ${s}.outbox_wake() AS notified` : "SELECT false AS notified")
+  )
+}
+
+/** `NOW_MS` as text, for statements written as text. */
+const NOW_MS_TEXT = "(extract(epoch FROM now()) * 1000)::bigint"
+
+const keyedTexts = new Map<string, string>()
+
+/** The keyed rows of one schema in `Outbox.transaction`'s COMMIT text (`keyedText`), values written in. */
+const keyedInsert = (schema: string, rows: ReadonlyArray<EnqueueRow>, check: boolean): string => {
+  const cacheKey = `${check ? "1" : "0"}${schema}`
+  let text = keyedTexts.get(cacheKey)
+  if (text === undefined) {
+    text = keyedText(schema, check)
+    keyedTexts.set(cacheKey, text)
+  }
+  const json = JSON.stringify(
+    rows.map((r, i) => ({
+      i,
+      id: r.id,
+      type: r.type,
+      version: r.version,
+      payload: r.payload,
+      headers: r.headers,
+      routing_key: r.routing_key,
+      partition_key: r.partition_key,
+      tenant_id: r.tenant_id,
+      visible_at: r.visible_at,
+      delay_ms: r.delay_ms,
+    })),
+  )
+  return inlined(rawStatement(text, [json]))
+}
+
 /** The database's clock in ms since 1970: the enqueue time a message's successors carry for it. */
 const NOW_MS = sql<number>`(extract(epoch FROM now()) * 1000)::bigint`
 
@@ -362,20 +436,18 @@ const clientDatabases = new WeakMap<SqlClient, object>()
 /**
  * On a plain client: the statements as they are. Keyed rows must commit with their numbers, so
  * they go under a savepoint, which PostgreSQL refuses outside a transaction block (25P01): a
- * client that is not in one gets that error, and nothing is written. In `Outbox.transaction`
- * (`inTransaction`: txbox sent the BEGIN) the check is not needed, nor its two round trips.
+ * client that is not in one gets that error, and nothing is written.
  */
 const writeOnClient = async (
   client: SqlClient,
   schema: string,
   rows: ReadonlyArray<EnqueueRow>,
   keyed: boolean,
-  inTransaction: boolean,
 ): Promise<void> => {
   const run: Run = (statement) =>
     client.query(statement.sql, statement.parameters as unknown[]).then((result) => result.rows)
   const scope = databaseOf(client)
-  if (!keyed || inTransaction) return writeWith(compiler, run, scope, schema, rows, keyed)
+  if (!keyed) return writeWith(compiler, run, scope, schema, rows, false)
   await client.query("SAVEPOINT txbox_enqueue")
   await writeWith(compiler, run, scope, schema, rows, true)
   await client.query("RELEASE SAVEPOINT txbox_enqueue")
@@ -396,8 +468,8 @@ export const enqueueError = (cause: unknown, operation = "Outbox.enqueue"): Stor
 
 /**
  * Rows written at their transaction's COMMIT (`Outbox.transaction`): by the executor its body was
- * given, the unkeyed rows its enqueue calls made, each with its schema. A keyed row is written at
- * once: its numbers come back from the counter's statement and go into its row.
+ * given, the rows its enqueue calls made, each with its schema. Keyed rows are numbered there too,
+ * in the same text (`keyedText`).
  */
 export const riding = new WeakMap<object, Array<RidingRow>>()
 
@@ -421,18 +493,24 @@ export const commitInserts = (
   scope: object,
   rows: ReadonlyArray<RidingRow>,
 ): { readonly texts: ReadonlyArray<string>; readonly committed: () => void } => {
-  const bySchema = new Map<string, OutboxValues[]>()
+  const bySchema = new Map<string, { unkeyed: OutboxValues[]; keyed: EnqueueRow[] }>()
   for (const { schema, row } of rows) {
-    const values = bySchema.get(schema) ?? []
-    values.push({ ...row, partition_epoch: null, partition_seq: null })
-    bySchema.set(schema, values)
+    let of = bySchema.get(schema)
+    if (of === undefined) {
+      of = { unkeyed: [], keyed: [] }
+      bySchema.set(schema, of)
+    }
+    if (row.partition_key === null) of.unkeyed.push({ ...row, partition_epoch: null, partition_seq: null })
+    else of.keyed.push(row)
   }
   const texts: string[] = []
   const asked: string[] = []
-  for (const [schema, values] of bySchema) {
+  for (const [schema, { unkeyed, keyed }] of bySchema) {
+    // One wake-up check per schema, with whichever statement goes first.
     const check = wantsWakeCheck(scope, schema)
     if (check) asked.push(schema)
-    texts.push(inlined(insertOutbox(schema, values, check)))
+    if (keyed.length > 0) texts.push(keyedInsert(schema, keyed, check))
+    if (unkeyed.length > 0) texts.push(inlined(insertOutbox(schema, unkeyed, check && keyed.length === 0)))
   }
   return {
     texts,
@@ -444,15 +522,15 @@ export const commitInserts = (
 
 /** The `WriteOutbox` port in SQL: numbers the keyed rows, then one INSERT. */
 export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
-  const keyed = rows.some((r) => r.partition_key !== null)
   const waiting = riding.get(executor)
-  if (waiting !== undefined && !keyed) {
+  if (waiting !== undefined) {
     for (const row of rows) waiting.push({ schema, row })
     return Effect.void
   }
+  const keyed = rows.some((r) => r.partition_key !== null)
   if (!isKysely(executor)) {
     return Effect.tryPromise({
-      try: () => writeOnClient(executor, schema, rows, keyed, waiting !== undefined),
+      try: () => writeOnClient(executor, schema, rows, keyed),
       catch: (cause) => enqueueError(cause),
     })
   }
@@ -476,9 +554,7 @@ export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
   return Effect.tryPromise({
     // Numbers and rows must commit together, or a key would have a gap its consumers wait on
     // forever: outside a transaction, enqueue opens one of its own.
-    // (Outbox.transaction's executor is a connection in a transaction txbox opened: not on it.)
-    try: () =>
-      keyed && !executor.isTransaction && waiting === undefined ? db.transaction().execute(write) : write(db),
+    try: () => (keyed && !executor.isTransaction ? db.transaction().execute(write) : write(db)),
     catch: (cause) => enqueueError(cause),
   })
 }

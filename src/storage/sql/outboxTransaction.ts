@@ -11,8 +11,9 @@
  * The rows are checked by their contracts when enqueue is called, as always;
  * they reach the table at commit, atomically with everything else. A failure
  * to write them fails the commit (nothing is committed). Keyed rows
- * (`partitionKey`) are still written when enqueue is called: their numbers
- * come from the key's counter row, under its lock, and go into the row.
+ * (`partitionKey`) go with them: numbered from the key's counter row in the
+ * same text, whose row lock then lasts from just before the COMMIT to it
+ * (numbers still follow commit order).
  *
  * Several statements in one round trip need the simple query protocol:
  * node-postgres and postgres.js send a statement without parameters that way,
