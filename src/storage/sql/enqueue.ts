@@ -215,6 +215,27 @@ const keyedText = (schema: string, check: boolean): string => {
   )
 }
 
+/**
+ * `keyedText` for a call with one keyed row (the common one: an event per key per transaction):
+ * the same counter update and row, without the call's own ordering (no row before it in its key),
+ * so PostgreSQL plans and runs two plain inserts instead of sorts, windows and a join (a fraction
+ * of its time). `$1` the key, `$2` its route, then the row's values.
+ */
+const keyedOneText = (schema: string, check: boolean): string => {
+  const s = `"${schema}"`
+  return (
+    `WITH c AS (INSERT INTO ${s}.partition_counters AS pc (partition_key, seq, routes) ` +
+    `VALUES ($1, 1, jsonb_build_object($2::text, jsonb_build_array(1, ${NOW_MS_TEXT}))) ` +
+    "ON CONFLICT (partition_key) DO UPDATE SET seq = pc.seq + 1, updated_at = now(), routes_before = pc.routes, " +
+    `routes = pc.routes || jsonb_build_object($2::text, jsonb_build_array(pc.seq + 1, ${NOW_MS_TEXT})) ` +
+    "RETURNING pc.epoch, pc.seq, pc.routes_before), " +
+    `w AS (INSERT INTO ${s}.outbox (${COLUMNS}) SELECT $3::uuid, $4, $5::integer, $6::text::jsonb, ` +
+    `$7::text::jsonb || jsonb_build_object('${PARTITION_ROUTES_HEADER}', c.routes_before::text), $8, $1, $9, ` +
+    "COALESCE($10::timestamptz, now() + $11::bigint * interval '1 millisecond'), c.epoch, c.seq FROM c) " +
+    (check ? `SELECT ${s}.outbox_wake() AS notified` : "SELECT false AS notified")
+  )
+}
+
 /** `NOW_MS` as text, for statements written as text. */
 const NOW_MS_TEXT = "(extract(epoch FROM now()) * 1000)::bigint"
 
@@ -222,11 +243,30 @@ const keyedTexts = new Map<string, string>()
 
 /** The keyed rows of one schema in `Outbox.transaction`'s COMMIT text (`keyedText`), values written in. */
 const keyedInsert = (schema: string, rows: ReadonlyArray<EnqueueRow>, check: boolean): string => {
-  const cacheKey = `${check ? "1" : "0"}${schema}`
+  const single = rows.length === 1
+  const cacheKey = `${single ? "1" : "n"}${check ? "1" : "0"}${schema}`
   let text = keyedTexts.get(cacheKey)
   if (text === undefined) {
-    text = keyedText(schema, check)
+    text = single ? keyedOneText(schema, check) : keyedText(schema, check)
     keyedTexts.set(cacheKey, text)
+  }
+  if (single) {
+    const r = rows[0]!
+    return inlined(
+      rawStatement(text, [
+        r.partition_key,
+        r.routing_key ?? r.type,
+        r.id,
+        r.type,
+        r.version,
+        r.payload,
+        r.headers,
+        r.routing_key,
+        r.tenant_id,
+        r.visible_at,
+        r.delay_ms,
+      ]),
+    )
   }
   const json = JSON.stringify(
     rows.map((r, i) => ({
