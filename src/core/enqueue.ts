@@ -23,8 +23,8 @@ export interface EnqueueOptions {
    * enqueueing transactions commit), carried to consumers as
    * `envelope.position`. Costs one more statement, and same-key transactions
    * wait for each other from this enqueue to their commit (in
-   * `Outbox.transaction`: numbered in the COMMIT's round trip, no statement
-   * of its own, the wait only that long).
+   * `Outbox.transaction`: numbered at the end, one keyed event in the
+   * COMMIT's own round trip, the wait only from there).
    */
   readonly partitionKey?: string
   /** The tenant the event belongs to: on its row (`txbox status` and `txbox dead` filter by it) and carried as `envelope.tenantId`. */

@@ -138,6 +138,21 @@ const checked = (scope: object, schema: string, notified: boolean): void => {
   else bySchema.set(schema, performance.now() + QUIET_MS)
 }
 
+/** A row's values in the order of the INSERTs' first ten parameters (`one`, `keyedOneText`). */
+const rowValues = (r: EnqueueRow) =>
+  [
+    r.id,
+    r.type,
+    r.version,
+    r.payload,
+    r.headers,
+    r.routing_key,
+    r.partition_key,
+    r.tenant_id,
+    r.visible_at,
+    r.delay_ms,
+  ] as const
+
 /** The INSERT for `rows` (at least one) into `schema`'s outbox, with the wake-up check or without. */
 const insertOutbox = (schema: string, rows: ReadonlyArray<OutboxValues>, check: boolean): CompiledQuery => {
   const texts = textsFor(schema)
@@ -154,84 +169,33 @@ const insertOutbox = (schema: string, rows: ReadonlyArray<OutboxValues>, check: 
       r.partition_seq === null
     )
       return rawStatement(t.plain, [r.id, r.type, r.version, r.payload, r.headers])
-    return rawStatement(t.one, [
-      r.id,
-      r.type,
-      r.version,
-      r.payload,
-      r.headers,
-      r.routing_key,
-      r.partition_key,
-      r.tenant_id,
-      r.visible_at,
-      r.delay_ms,
-      r.partition_epoch,
-      r.partition_seq,
-    ])
+    return rawStatement(t.one, [...rowValues(r), r.partition_epoch, r.partition_seq])
   }
   return rawStatement(t.many, [JSON.stringify(rows)])
 }
 
 /**
- * Keyed rows numbered and written in one statement, for `Outbox.transaction`'s COMMIT text: what
- * `numberByKey` and the INSERT after it do, in SQL, so that nothing has to come back to the client
- * before the row is written. `$1` is the rows as JSON, each with `i`, its place in the call. Per
- * key: its rows' count and each route's last row (`k`); the counter takes them (keys in sorted
- * order, under its row lock until COMMIT, so numbers follow commit order) and answers its last
- * number and the routes it held before (`c`); each row gets the number `last - count + j` (its
- * `j`th of the key) and carries, per route, the last message before it: the counter's routes as
- * they were, with the key's earlier rows of this call on top.
- */
-const keyedText = (schema: string, check: boolean): string => {
-  const s = `"${schema}"`
-  const insert =
-    `INSERT INTO ${s}.outbox (${COLUMNS}) ` +
-    "SELECT r.id, r.type, r.version, r.payload::jsonb, " +
-    `r.headers::jsonb || jsonb_build_object('${PARTITION_ROUTES_HEADER}', (c.routes_before || COALESCE((` +
-    "SELECT jsonb_object_agg(p.route, jsonb_build_array(c.last - r.n + p.j_last, c.now_ms)) FROM (" +
-    "SELECT e.route, max(e.j) AS j_last FROM r AS e WHERE e.partition_key = r.partition_key AND e.j < r.j " +
-    "GROUP BY e.route) AS p), '{}'::jsonb))::text), " +
-    "r.routing_key, r.partition_key, r.tenant_id, " +
-    "COALESCE(r.visible_at, now() + r.delay_ms * interval '1 millisecond'), c.epoch, c.last - r.n + r.j " +
-    "FROM r JOIN c ON c.partition_key = r.partition_key ORDER BY r.i"
-  return (
-    "WITH r AS (SELECT d.*, COALESCE(d.routing_key, d.type) AS route, " +
-    "row_number() OVER (PARTITION BY d.partition_key ORDER BY d.i) AS j, " +
-    "count(*) OVER (PARTITION BY d.partition_key) AS n " +
-    "FROM json_to_recordset($1::text::json) AS d(i integer, id uuid, type text, version integer, payload text, " +
-    "headers text, routing_key text, partition_key text, tenant_id text, visible_at timestamptz, delay_ms bigint)), " +
-    "k AS (SELECT g.partition_key AS key, max(g.n) AS count, " +
-    `jsonb_object_agg(g.route, jsonb_build_array(g.j_last, ${NOW_MS_TEXT})) AS routes ` +
-    "FROM (SELECT partition_key, route, max(j) AS j_last, max(n) AS n FROM r GROUP BY partition_key, route) AS g " +
-    "GROUP BY g.partition_key), " +
-    `c AS (INSERT INTO ${s}.partition_counters AS pc (partition_key, seq, routes) ` +
-    "SELECT k.key, k.count, k.routes FROM k ORDER BY k.key " +
-    "ON CONFLICT (partition_key) DO UPDATE SET seq = pc.seq + excluded.seq, updated_at = now(), " +
-    "routes_before = pc.routes, routes = pc.routes || (SELECT jsonb_object_agg(e.r, " +
-    "jsonb_build_array(pc.seq + (e.v ->> 0)::bigint, e.v -> 1)) FROM jsonb_each(excluded.routes) AS e(r, v)) " +
-    `RETURNING pc.partition_key, pc.epoch, pc.seq AS last, pc.routes_before, ${NOW_MS_TEXT} AS now_ms), ` +
-    `w AS (${insert}) ` +
-    (check ? `SELECT ${s}.outbox_wake() AS notified` : "SELECT false AS notified")
-  )
-}
-
-/**
- * `keyedText` for a call with one keyed row (the common one: an event per key per transaction):
- * the same counter update and row, without the call's own ordering (no row before it in its key),
- * so PostgreSQL plans and runs two plain inserts instead of sorts, windows and a join (a fraction
- * of its time). `$1` the key, `$2` its route, then the row's values.
+ * A transaction's one keyed row numbered and written in one statement, for `Outbox.transaction`'s
+ * COMMIT text: what `numberByKey` and the INSERT after it do for it, in SQL, so that nothing comes
+ * back to the client before the row is written. The counter's upsert and the INSERT are
+ * data-modifying CTEs: the counter answers its new number and the routes it held before (read
+ * under its row lock, held until the COMMIT right after, so numbers follow commit order), which
+ * the row takes as its number and its routes header. `$1`–`$10` as `rowValues`, `$11` the route.
+ * (Several keyed rows: `numberByKey` in a round trip of its own, then the rows with the COMMIT. A
+ * statement doing that for any number of rows, with windows and sorts, cost PostgreSQL twice the
+ * two statements' time: planned anew on every call.)
  */
 const keyedOneText = (schema: string, check: boolean): string => {
   const s = `"${schema}"`
   return (
     `WITH c AS (INSERT INTO ${s}.partition_counters AS pc (partition_key, seq, routes) ` +
-    `VALUES ($1, 1, jsonb_build_object($2::text, jsonb_build_array(1, ${NOW_MS_TEXT}))) ` +
+    `VALUES ($7, 1, jsonb_build_object($11::text, jsonb_build_array(1, ${NOW_MS_TEXT}))) ` +
     "ON CONFLICT (partition_key) DO UPDATE SET seq = pc.seq + 1, updated_at = now(), routes_before = pc.routes, " +
-    `routes = pc.routes || jsonb_build_object($2::text, jsonb_build_array(pc.seq + 1, ${NOW_MS_TEXT})) ` +
+    `routes = pc.routes || jsonb_build_object($11::text, jsonb_build_array(pc.seq + 1, ${NOW_MS_TEXT})) ` +
     "RETURNING pc.epoch, pc.seq, pc.routes_before), " +
-    `w AS (INSERT INTO ${s}.outbox (${COLUMNS}) SELECT $3::uuid, $4, $5::integer, $6::text::jsonb, ` +
-    `$7::text::jsonb || jsonb_build_object('${PARTITION_ROUTES_HEADER}', c.routes_before::text), $8, $1, $9, ` +
-    "COALESCE($10::timestamptz, now() + $11::bigint * interval '1 millisecond'), c.epoch, c.seq FROM c) " +
+    `w AS (INSERT INTO ${s}.outbox (${COLUMNS}) SELECT $1::uuid, $2, $3::integer, $4::text::jsonb, ` +
+    `$5::text::jsonb || jsonb_build_object('${PARTITION_ROUTES_HEADER}', c.routes_before::text), $6, $7, $8, ` +
+    "COALESCE($9::timestamptz, now() + $10::bigint * interval '1 millisecond'), c.epoch, c.seq FROM c) " +
     (check ? `SELECT ${s}.outbox_wake() AS notified` : "SELECT false AS notified")
   )
 }
@@ -241,49 +205,15 @@ const NOW_MS_TEXT = "(extract(epoch FROM now()) * 1000)::bigint"
 
 const keyedTexts = new Map<string, string>()
 
-/** The keyed rows of one schema in `Outbox.transaction`'s COMMIT text (`keyedText`), values written in. */
-const keyedInsert = (schema: string, rows: ReadonlyArray<EnqueueRow>, check: boolean): string => {
-  const single = rows.length === 1
-  const cacheKey = `${single ? "1" : "n"}${check ? "1" : "0"}${schema}`
+/** The one keyed row of a schema in `Outbox.transaction`'s COMMIT text (`keyedOneText`), values written in. */
+const keyedOneInsert = (schema: string, r: EnqueueRow, check: boolean): string => {
+  const cacheKey = `${check ? "1" : "0"}${schema}`
   let text = keyedTexts.get(cacheKey)
   if (text === undefined) {
-    text = single ? keyedOneText(schema, check) : keyedText(schema, check)
+    text = keyedOneText(schema, check)
     keyedTexts.set(cacheKey, text)
   }
-  if (single) {
-    const r = rows[0]!
-    return inlined(
-      rawStatement(text, [
-        r.partition_key,
-        r.routing_key ?? r.type,
-        r.id,
-        r.type,
-        r.version,
-        r.payload,
-        r.headers,
-        r.routing_key,
-        r.tenant_id,
-        r.visible_at,
-        r.delay_ms,
-      ]),
-    )
-  }
-  const json = JSON.stringify(
-    rows.map((r, i) => ({
-      i,
-      id: r.id,
-      type: r.type,
-      version: r.version,
-      payload: r.payload,
-      headers: r.headers,
-      routing_key: r.routing_key,
-      partition_key: r.partition_key,
-      tenant_id: r.tenant_id,
-      visible_at: r.visible_at,
-      delay_ms: r.delay_ms,
-    })),
-  )
-  return inlined(rawStatement(text, [json]))
+  return inlined(rawStatement(text, [...rowValues(r), r.routing_key ?? r.type]))
 }
 
 /** The database's clock in ms since 1970: the enqueue time a message's successors carry for it. */
@@ -410,6 +340,34 @@ const compiler: Kysely<TxboxDatabase> = new Kysely<TxboxDatabase>({
 
 const isKysely = (executor: Executor): executor is Exclude<Executor, SqlClient> => "getExecutor" in executor
 
+/** The rows with their places in their keys (`run` runs the counter's statement; none without keys). */
+const numbered = async (
+  db: Kysely<TxboxDatabase>,
+  run: Run,
+  schema: string,
+  rows: ReadonlyArray<EnqueueRow>,
+  keyed: boolean,
+): Promise<ReadonlyArray<OutboxValues>> => {
+  const positions = keyed
+    ? await numberByKey(
+        db.withSchema(schema),
+        rows.map((r) => ({ partition_key: r.partition_key, route: r.routing_key ?? r.type })),
+        run,
+      )
+    : []
+  return rows.map((r, i) => {
+    const at = positions[i]
+    return at === undefined
+      ? { ...r, partition_epoch: null, partition_seq: null }
+      : {
+          ...r,
+          headers: withHeader(r.headers, PARTITION_ROUTES_HEADER, formatKeyRoutes(at.routes)),
+          partition_epoch: at.epoch,
+          partition_seq: at.seq,
+        }
+  })
+}
+
 /** Numbers the keyed rows (`run` runs the statement), then one INSERT. */
 const writeWith = async (
   db: Kysely<TxboxDatabase>,
@@ -419,33 +377,11 @@ const writeWith = async (
   rows: ReadonlyArray<EnqueueRow>,
   keyed: boolean,
 ): Promise<void> => {
-  const positions = keyed
-    ? await numberByKey(
-        db.withSchema(schema),
-        rows.map((r) => ({ partition_key: r.partition_key, route: r.routing_key ?? r.type })),
-        run,
-      )
-    : []
+  const values = await numbered(db, run, schema, rows, keyed)
   // Payload and headers are bound as text and cast: postgres.js would otherwise encode the JSON
   // string a second time. The text names the schema itself.
   const check = wantsWakeCheck(scope, schema)
-  const notified = await run(
-    insertOutbox(
-      schema,
-      rows.map((r, i) => {
-        const at = positions[i]
-        return at === undefined
-          ? { ...r, partition_epoch: null, partition_seq: null }
-          : {
-              ...r,
-              headers: withHeader(r.headers, PARTITION_ROUTES_HEADER, formatKeyRoutes(at.routes)),
-              partition_epoch: at.epoch,
-              partition_seq: at.seq,
-            }
-      }),
-      check,
-    ),
-  )
+  const notified = await run(insertOutbox(schema, values, check))
   if (check) checked(scope, schema, notified[0]?.notified === true)
 }
 
@@ -527,30 +463,45 @@ export const scopeOf = (executor: Executor): object =>
  * The INSERTs for `rows` as texts with their values written in (one per schema, usually one), to
  * go in the COMMIT's round trip; `committed` takes in the wake-up checks once it succeeded. A
  * check whose transaction committed has had its NOTIFY delivered, so whatever it answered, the
- * next INSERTs may skip it for the quiet window.
+ * next INSERTs may skip it for the quiet window. One keyed row is numbered in its text
+ * (`keyedOneText`); several are numbered first (`run`: a text on the transaction's connection,
+ * its last statement's rows), a round trip before the COMMIT's.
  */
-export const commitInserts = (
+export const commitInserts = async (
   scope: object,
   rows: ReadonlyArray<RidingRow>,
-): { readonly texts: ReadonlyArray<string>; readonly committed: () => void } => {
-  const bySchema = new Map<string, { unkeyed: OutboxValues[]; keyed: EnqueueRow[] }>()
+  run: (text: string) => Promise<ReadonlyArray<Record<string, unknown>>>,
+): Promise<{ readonly texts: ReadonlyArray<string>; readonly committed: () => void }> => {
+  const bySchema = new Map<string, EnqueueRow[]>()
   for (const { schema, row } of rows) {
-    let of = bySchema.get(schema)
-    if (of === undefined) {
-      of = { unkeyed: [], keyed: [] }
-      bySchema.set(schema, of)
-    }
-    if (row.partition_key === null) of.unkeyed.push({ ...row, partition_epoch: null, partition_seq: null })
-    else of.keyed.push(row)
+    const of = bySchema.get(schema)
+    if (of === undefined) bySchema.set(schema, [row])
+    else of.push(row)
   }
   const texts: string[] = []
   const asked: string[] = []
-  for (const [schema, { unkeyed, keyed }] of bySchema) {
-    // One wake-up check per schema, with whichever statement goes first.
+  for (const [schema, all] of bySchema) {
     const check = wantsWakeCheck(scope, schema)
     if (check) asked.push(schema)
-    if (keyed.length > 0) texts.push(keyedInsert(schema, keyed, check))
-    if (unkeyed.length > 0) texts.push(inlined(insertOutbox(schema, unkeyed, check && keyed.length === 0)))
+    const keyed = all.filter((r) => r.partition_key !== null)
+    if (keyed.length === 1) {
+      // The keyed row's own statement carries the wake-up check; the others go without.
+      texts.push(keyedOneInsert(schema, keyed[0]!, check))
+      const unkeyed = all.filter((r) => r.partition_key === null)
+      if (unkeyed.length > 0)
+        texts.push(
+          inlined(insertOutbox(schema, await numbered(compiler, noRun, schema, unkeyed, false), false)),
+        )
+      continue
+    }
+    const values = await numbered(
+      compiler,
+      (statement) => run(inlined(statement)),
+      schema,
+      all,
+      keyed.length > 0,
+    )
+    texts.push(inlined(insertOutbox(schema, values, check)))
   }
   return {
     texts,
@@ -559,6 +510,9 @@ export const commitInserts = (
     },
   }
 }
+
+/** A `Run` for rows without keys: `numbered` runs nothing for them. */
+const noRun: Run = () => Promise.reject(new Error("txbox: no statement to run for unkeyed rows"))
 
 /** The `WriteOutbox` port in SQL: numbers the keyed rows, then one INSERT. */
 export const writeOutbox: WriteOutbox = (executor, schema, rows) => {

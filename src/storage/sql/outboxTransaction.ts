@@ -11,9 +11,10 @@
  * The rows are checked by their contracts when enqueue is called, as always;
  * they reach the table at commit, atomically with everything else. A failure
  * to write them fails the commit (nothing is committed). Keyed rows
- * (`partitionKey`) go with them: numbered from the key's counter row in the
- * same text, whose row lock then lasts from just before the COMMIT to it
- * (numbers still follow commit order).
+ * (`partitionKey`) go with them, numbered from their keys' counter rows at the
+ * end (one keyed row in the same text, several in a round trip just before),
+ * whose row locks then last only until the COMMIT (numbers still follow
+ * commit order).
  *
  * Several statements in one round trip need the simple query protocol:
  * node-postgres and postgres.js send a statement without parameters that way,
@@ -141,9 +142,12 @@ const begin = async (target: object, session: Session): Promise<boolean> => {
  * transaction is then rolled back (or was: a failed COMMIT ends it).
  */
 const commit = async (session: Session, multi: boolean, rows: ReadonlyArray<RidingRow>): Promise<void> => {
-  const { texts, committed } = commitInserts(scopeOf(session.trx as SqlClient), rows)
-  const before = texts.length > 0 ? texts : ["SELECT 1"]
+  let committed: () => void
   try {
+    const inserts = await commitInserts(scopeOf(session.trx as SqlClient), rows, session.run)
+    committed = inserts.committed
+    const texts = inserts.texts
+    const before = texts.length > 0 ? texts : ["SELECT 1"]
     if (multi) await session.run(`${before.join(";\n")};\nCOMMIT`)
     else {
       for (const text of before) await session.run(text)
