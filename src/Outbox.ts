@@ -67,9 +67,9 @@ export const enqueue: <C extends AnyContract>(
  * Fine print: enqueue still validates at once (a `ValidationError` there); a row the database
  * refuses (a duplicate `messageId`) fails the commit instead of the enqueue call. Keyed events
  * (`partitionKey`) go with the COMMIT too, numbered at the end (one in the COMMIT's own text,
- * several in a round trip just before): same-key transactions wait for each other only from there. With a Kysely, `trx` is that
- * Kysely on the transaction's one connection (`db.connection()`), not a `Transaction`; the body
- * must not commit or roll back itself.
+ * several in a round trip just before): same-key transactions wait for each other only from
+ * there. With a Kysely, `trx` is that Kysely on the transaction's one connection
+ * (`db.connection()`), not a `Transaction`; the body must not commit or roll back itself.
  */
 export const transaction: <T extends TransactionTarget, A, E = never, R = never>(
   db: T,
