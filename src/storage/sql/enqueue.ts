@@ -488,10 +488,10 @@ export const commitInserts = async (
       // The keyed row's own statement carries the wake-up check; the others go without.
       texts.push(keyedOneInsert(schema, keyed[0]!, check))
       const unkeyed = all.filter((r) => r.partition_key === null)
-      if (unkeyed.length > 0)
-        texts.push(
-          inlined(insertOutbox(schema, await numbered(compiler, noRun, schema, unkeyed, false), false)),
-        )
+      if (unkeyed.length > 0) {
+        const values = unkeyed.map((r) => ({ ...r, partition_epoch: null, partition_seq: null }))
+        texts.push(inlined(insertOutbox(schema, values, false)))
+      }
       continue
     }
     const values = await numbered(
@@ -510,9 +510,6 @@ export const commitInserts = async (
     },
   }
 }
-
-/** A `Run` for rows without keys: `numbered` runs nothing for them. */
-const noRun: Run = () => Promise.reject(new Error("txbox: no statement to run for unkeyed rows"))
 
 /** The `WriteOutbox` port in SQL: numbers the keyed rows, then one INSERT. */
 export const writeOutbox: WriteOutbox = (executor, schema, rows) => {
