@@ -340,6 +340,9 @@ const compiler: Kysely<TxboxDatabase> = new Kysely<TxboxDatabase>({
 
 const isKysely = (executor: Executor): executor is Exclude<Executor, SqlClient> => "getExecutor" in executor
 
+/** A row without a place in a key. */
+const unnumbered = (r: EnqueueRow): OutboxValues => ({ ...r, partition_epoch: null, partition_seq: null })
+
 /** The rows with their places in their keys (`run` runs the counter's statement; none without keys). */
 const numbered = async (
   db: Kysely<TxboxDatabase>,
@@ -358,7 +361,7 @@ const numbered = async (
   return rows.map((r, i) => {
     const at = positions[i]
     return at === undefined
-      ? { ...r, partition_epoch: null, partition_seq: null }
+      ? unnumbered(r)
       : {
           ...r,
           headers: withHeader(r.headers, PARTITION_ROUTES_HEADER, formatKeyRoutes(at.routes)),
@@ -484,24 +487,18 @@ export const commitInserts = async (
     const check = wantsWakeCheck(scope, schema)
     if (check) asked.push(schema)
     const keyed = all.filter((r) => r.partition_key !== null)
-    if (keyed.length === 1) {
+    if (keyed.length === 0) {
+      // The common case, on every producer transaction: no numbering, nothing awaited.
+      texts.push(inlined(insertOutbox(schema, all.map(unnumbered), check)))
+    } else if (keyed.length === 1) {
       // The keyed row's own statement carries the wake-up check; the others go without.
       texts.push(keyedOneInsert(schema, keyed[0]!, check))
       const unkeyed = all.filter((r) => r.partition_key === null)
-      if (unkeyed.length > 0) {
-        const values = unkeyed.map((r) => ({ ...r, partition_epoch: null, partition_seq: null }))
-        texts.push(inlined(insertOutbox(schema, values, false)))
-      }
-      continue
+      if (unkeyed.length > 0) texts.push(inlined(insertOutbox(schema, unkeyed.map(unnumbered), false)))
+    } else {
+      const values = await numbered(compiler, (statement) => run(inlined(statement)), schema, all, true)
+      texts.push(inlined(insertOutbox(schema, values, check)))
     }
-    const values = await numbered(
-      compiler,
-      (statement) => run(inlined(statement)),
-      schema,
-      all,
-      keyed.length > 0,
-    )
-    texts.push(inlined(insertOutbox(schema, values, check)))
   }
   return {
     texts,
