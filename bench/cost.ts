@@ -705,10 +705,11 @@ async function runOnce(
       // broker, the delivery), then to the handler's commit; and, apart, to the commit of the
       // relay's mark (on node-postgres it rides with the relay's next look: MARK_WAIT_MS at most).
       // Not from the claim: a held claim's mark stamps published_at with its own statement's time.
-      const split = await sql<{ arrive: number[]; inbox: number[]; marked: number[] }>`
+      const split = await sql<{ arrive: number[]; inbox: number[]; marked: number[]; stamped: number[] }>`
         SELECT percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM i.received_at - pg_xact_commit_timestamp(o.xmin)) * 1000) AS arrive,
                percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - i.received_at) * 1000) AS inbox,
-               percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM pg_xact_commit_timestamp(x.xmin) - pg_xact_commit_timestamp(o.xmin)) * 1000) AS marked
+               percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM pg_xact_commit_timestamp(x.xmin) - pg_xact_commit_timestamp(o.xmin)) * 1000) AS marked,
+               percentile_disc(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM x.published_at - pg_xact_commit_timestamp(o.xmin)) * 1000) AS stamped
         FROM orders o JOIN bench.handled h USING (serial)
           JOIN txbox.outbox x ON (x.payload ->> 'serial')::int = o.serial
           JOIN txbox.inbox i ON i.message_id = x.id::text
@@ -717,7 +718,8 @@ async function runOnce(
       const text = (xs: number[]) => xs.map((x) => Number(x).toFixed(1)).join(" / ")
       log(
         `${label}: latency split p50 / p90 / p99 ms: commit → inbox transaction start ${text(r.arrive)}; ` +
-          `its start → handler commit ${text(r.inbox)}; commit → relay's mark committed ${text(r.marked)}`,
+          `its start → handler commit ${text(r.inbox)}; commit → relay's mark committed ${text(r.marked)}; ` +
+          `commit → published_at (the mark's statement, after the broker's confirm) ${text(r.stamped)}`,
       )
       // The tail, by when it happened: the seconds of the run whose messages took longest, and
       // where their time went (a stall of the whole pipeline, or one part of it).
