@@ -8,13 +8,30 @@
  */
 import type { CompiledQuery } from "kysely"
 
-export const inlined = (statement: CompiledQuery): string => {
-  const { parts, slots } = templateOf(statement.sql)
+/**
+ * Texts txbox compiled itself (`prepared.ts`), whose parameters `inlined` can write in: a driver
+ * may then send one with other statements in a single round trip (node-postgres's BEGIN,
+ * `storage/drivers/pg/beginRides.ts`). Bounded like the templates: a handful per store.
+ */
+const ownTexts = new Set<string>()
+
+/** Marks `sql` as one of txbox's own texts (see `ownTexts`). */
+export const markOwnText = (sql: string): void => {
+  if (ownTexts.size < 1000) ownTexts.add(sql)
+}
+
+/** Whether `sql` is one of txbox's own texts, its parameters writable in with `inlinedText`. */
+export const isOwnText = (sql: string): boolean => ownTexts.has(sql)
+
+/** `sql` with `parameters` written in; throws for a value `inlined` cannot write (see there). */
+export const inlinedText = (sql: string, parameters: ReadonlyArray<unknown>): string => {
+  const { parts, slots } = templateOf(sql)
   let text = parts[0]!
-  for (let i = 0; i < slots.length; i++)
-    text += literalOf(statement.parameters[slots[i]!], slots[i]!) + parts[i + 1]!
+  for (let i = 0; i < slots.length; i++) text += literalOf(parameters[slots[i]!], slots[i]!) + parts[i + 1]!
   return text
 }
+
+export const inlined = (statement: CompiledQuery): string => inlinedText(statement.sql, statement.parameters)
 
 /** A statement's text split at its `$n` placeholders: the text between them, and each one's index. */
 interface Template {

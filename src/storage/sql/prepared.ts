@@ -3,6 +3,7 @@
  */
 import { type CompiledQuery, createQueryId, type Kysely } from "kysely"
 import type { TxboxDatabase } from "../../ports/tables.ts"
+import { markOwnText } from "./inline.ts"
 
 /**
  * A statement compiled once and run many times. Kysely builds and compiles a
@@ -24,6 +25,7 @@ export const prepare = <P extends Readonly<Record<string, unknown>>, R>(
   const slots = template.parameters.map((value) => keys[values.indexOf(value)])
   const reusable = new Set(values).size === values.length && slots.every((key) => key !== undefined)
   if (!reusable) return (params) => compile(db, params)
+  markOwnText(template.sql)
   return (params) => ({
     query: template.query,
     // A fresh id per run: plugins key per-query state on it.

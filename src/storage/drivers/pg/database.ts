@@ -11,6 +11,7 @@ import type { ConfigError } from "../../../Errors.ts"
 import type { DatabaseShape } from "../../../ports/Database.ts"
 import { classifyDbError } from "../../sql/errors.ts"
 import { noListen, type ValidConnection } from "../shared/postgresConnection.ts"
+import { beginWithFirstStatement } from "./beginRides.ts"
 import { makeListener } from "./listener.ts"
 
 /**
@@ -60,10 +61,13 @@ export const open = (
     // where the pool listens no more: on Node that ended the process (seen in
     // the soak: "Unhandled 'error' event … Connection terminated unexpectedly").
     // The statement in flight, or the next one, still fails with the error.
+    const begins = new WeakMap<pg.PoolClient, { readonly reset: () => void }>()
     pool.on("connect", (client) => {
       client.on("error", () => {})
       refuseAbortedCommit(client)
+      begins.set(client, beginWithFirstStatement(client as never))
     })
+    pool.on("acquire", (client) => begins.get(client)?.reset())
     const db = yield* Effect.acquireRelease(
       Effect.sync(() => new Kysely<unknown>({ dialect: new PostgresDialect({ pool }) })),
       (db) => Effect.promise(() => db.destroy().catch(() => undefined)),
