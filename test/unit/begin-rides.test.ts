@@ -3,7 +3,7 @@
 // for the client: this is the wrapper's own logic; test/integration/pg-begin-rides.test.ts shows
 // it on PostgreSQL.
 import { describe, expect, test } from "bun:test"
-import { beginWithFirstStatement } from "../../src/storage/drivers/pg/beginRides.ts"
+import { bareWord, beginWithFirstStatement } from "../../src/storage/drivers/pg/beginRides.ts"
 import { markOwnText } from "../../src/storage/sql/inline.ts"
 
 const OWN = "SELECT $1::int AS n, $2::text AS t -- begin-rides unit"
@@ -71,5 +71,13 @@ describe("a transaction's BEGIN goes with its first statement", () => {
     await client.query(OWN, [1, "x"])
     await client.query("SELECT 1")
     expect(sent).toEqual([[OWN, [1, "x"]], ["SELECT 1"]])
+  })
+
+  test("only a short text with no values is a word (every statement passes here: long ones are not copied)", () => {
+    expect(bareWord(["begin", []])).toBe("begin")
+    expect(bareWord([" COMMIT "])).toBe("commit")
+    expect(bareWord(["commit", [1]])).toBeUndefined()
+    expect(bareWord([`SELECT 1 -- ${"x".repeat(40)}`])).toBeUndefined()
+    expect(bareWord([{ text: "begin" }])).toBeUndefined()
   })
 })

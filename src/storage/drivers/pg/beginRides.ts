@@ -25,9 +25,13 @@ interface Answer {
 
 const answered = (command: string): Promise<Answer> => Promise.resolve({ command, rowCount: null, rows: [] })
 
-/** A statement with no values, or none given: `query(text)` or `query(text, [])`. */
-const bareWord = (args: ReadonlyArray<unknown>): string | undefined => {
-  if (typeof args[0] !== "string") return undefined
+/**
+ * The word a short statement with no values is (`query(text)` or `query(text, [])`): `begin`,
+ * `commit`, `rollback`. A longer text is none of them, and is not copied to find out: every
+ * statement on the pool passes here.
+ */
+export const bareWord = (args: ReadonlyArray<unknown>): string | undefined => {
+  if (typeof args[0] !== "string" || args[0].length > 16) return undefined
   if (args.length > 2) return undefined
   if (args.length === 2 && !(Array.isArray(args[1]) && args[1].length === 0)) return undefined
   return args[0].trim().toLowerCase()

@@ -11,7 +11,7 @@ import type { ConfigError } from "../../../Errors.ts"
 import type { DatabaseShape } from "../../../ports/Database.ts"
 import { classifyDbError } from "../../sql/errors.ts"
 import { noListen, type ValidConnection } from "../shared/postgresConnection.ts"
-import { beginWithFirstStatement } from "./beginRides.ts"
+import { bareWord, beginWithFirstStatement } from "./beginRides.ts"
 import { makeListener } from "./listener.ts"
 
 /**
@@ -25,7 +25,7 @@ const refuseAbortedCommit = (client: pg.PoolClient) => {
   Object.assign(client, {
     query: (...args: ReadonlyArray<unknown>) => {
       const result = query(...args)
-      if (typeof args[0] !== "string" || args[0].trim().toLowerCase() !== "commit") return result
+      if (bareWord(args) !== "commit") return result
       return Promise.resolve(result).then((answer) => {
         if ((answer as { command?: unknown } | undefined)?.command === "ROLLBACK") {
           throw Object.assign(new Error("COMMIT of an aborted transaction was answered with ROLLBACK"), {
