@@ -2,11 +2,12 @@
  * `Outbox.transaction`: the caller's business transaction, opened and
  * committed by txbox, so that the outbox rows its `Outbox.enqueue` calls make
  * go to the server with the COMMIT, in the same round trip, instead of one
- * round trip each. A producer's transaction of one business write and one
- * event is then three round trips (BEGIN, the write, INSERT + COMMIT) where
- * enqueue in the caller's own transaction makes four: a quarter of the
- * producer's client work, and of PostgreSQL's protocol work, per transaction
- * (bench/cost.ts).
+ * round trip each. On a node-postgres pool or client the BEGIN goes in the
+ * same write as the body's first statement (drivers/pg/beginAhead.ts). A
+ * producer's transaction of one business write and one event is then two
+ * round trips (BEGIN + the write, INSERT + COMMIT) where enqueue in the
+ * caller's own transaction makes four: half the producer's writes, and of
+ * PostgreSQL's protocol work, per transaction (bench/cost.ts).
  *
  * The rows are checked by their contracts when enqueue is called, as always;
  * they reach the table at commit, atomically with everything else. A failure
@@ -26,6 +27,7 @@ import { type Context, Effect, Exit, type Fiber } from "effect"
 import { CompiledQuery, type Kysely } from "kysely"
 import { StoreError } from "../../Errors.ts"
 import type { SqlClient } from "../../ports/OutboxWriter.ts"
+import { type BeginAhead, beginAhead } from "../drivers/pg/beginAhead.ts"
 import { commitInserts, enqueueError, type RidingRow, riding, scopeOf } from "./enqueue.ts"
 import { classifyDbError } from "./errors.ts"
 
@@ -126,13 +128,29 @@ const multiStatementOn = (target: object, session: Session): boolean | Promise<b
   return answer
 }
 
-/** BEGIN on `session`; whether its target takes two statements in a text. */
+/** BEGIN on `session`, now; whether its target takes two statements in a text. */
 const begin = async (target: object, session: Session): Promise<boolean> => {
   const multi = await multiStatementOn(target, session)
-  await session
-    .run("BEGIN")
-    .catch((cause) => Promise.reject(classifyDbError("Outbox.transaction begin", cause)))
+  await sendBegin(session)
   return multi
+}
+
+const sendBegin = (session: Session): Promise<unknown> =>
+  session.run("BEGIN").catch((cause) => Promise.reject(classifyDbError("Outbox.transaction begin", cause)))
+
+/**
+ * BEGIN on a client's `session`, in front of its next statement where it is a node-postgres client
+ * that takes two statements in a text (drivers/pg/beginAhead.ts), else alone, now.
+ */
+const beginOnClient = async (
+  target: object,
+  client: object,
+  session: Session,
+): Promise<{ readonly multi: boolean; readonly ahead: BeginAhead | undefined }> => {
+  const multi = await multiStatementOn(target, session)
+  const ahead = multi ? beginAhead(client) : undefined
+  if (ahead === undefined) await sendBegin(session)
+  return { multi, ahead }
 }
 
 /**
@@ -141,7 +159,12 @@ const begin = async (target: object, session: Session): Promise<boolean> => {
  * fails, where COMMIT would answer ROLLBACK and no error. Rejects with a `StoreError`; the
  * transaction is then rolled back (or was: a failed COMMIT ends it).
  */
-const commit = async (session: Session, multi: boolean, rows: ReadonlyArray<RidingRow>): Promise<void> => {
+const commit = async (
+  session: Session,
+  multi: boolean,
+  rows: ReadonlyArray<RidingRow>,
+  ahead?: BeginAhead,
+): Promise<void> => {
   let committed: () => void
   try {
     const inserts = await commitInserts(scopeOf(session.trx as SqlClient), rows, session.run)
@@ -154,18 +177,26 @@ const commit = async (session: Session, multi: boolean, rows: ReadonlyArray<Ridi
       await session.run("COMMIT")
     }
   } catch (cause) {
-    await rollback(session)
+    await rollback(session, ahead)
     throw enqueueError(cause, "Outbox.transaction commit")
   }
   committed()
 }
 
-/** Never rejects; its error, if it failed: a connection that cannot roll back is dropped by its pool (see `release`). */
-const rollback = (session: Session): Promise<unknown> =>
-  session.run("ROLLBACK").then(
+/**
+ * Never rejects; its error, if it failed: a connection that cannot roll back is dropped by its pool
+ * (see `release`). A BEGIN still waiting for a statement was never sent: nothing to roll back.
+ */
+const rollback = (session: Session, ahead?: BeginAhead): Promise<unknown> => {
+  if (ahead?.pending()) {
+    ahead.cancel()
+    return Promise.resolve(undefined)
+  }
+  return session.run("ROLLBACK").then(
     () => undefined,
     (cause) => cause,
   )
+}
 
 /** A promise as an Effect, without an AbortController per call (one per business transaction). */
 const promised = <A>(run: () => Promise<A>): Effect.Effect<A, StoreError> =>
@@ -182,7 +213,9 @@ const promised = <A>(run: () => Promise<A>): Effect.Effect<A, StoreError> =>
 interface Open {
   readonly session: Session
   readonly multi: boolean
-  /** Gives a pool's client back; `broken`: dropped instead of kept. */
+  /** The BEGIN, when it waits for the first statement (`beginOnClient`). */
+  readonly ahead: BeginAhead | undefined
+  /** Gives a pool's client back (or the caller's client its own methods); `broken`: dropped instead of kept. */
   readonly release: (broken?: unknown) => void
 }
 
@@ -199,7 +232,8 @@ const isEmitter = (client: object): client is Emitter =>
 const open = async (target: SqlPool | SqlClient): Promise<Open> => {
   if (!isPool(target)) {
     const session = clientSession(target)
-    return { session, multi: await begin(target, session), release: () => {} }
+    const { multi, ahead } = await beginOnClient(target, target, session)
+    return { session, multi, ahead, release: () => ahead?.cancel() }
   }
   const client = await target.connect()
   // A pool listens for its idle clients' errors, not for a lent one's: a connection lost between two
@@ -211,13 +245,17 @@ const open = async (target: SqlPool | SqlClient): Promise<Open> => {
   }
   const emitter = isEmitter(client) ? client : undefined
   emitter?.on("error", onError)
+  let ahead: BeginAhead | undefined
   const release = (broken?: unknown) => {
+    ahead?.cancel()
     emitter?.removeListener("error", onError)
     client.release(broken ?? lost)
   }
   const session = clientSession(client)
   try {
-    return { session, multi: await begin(target, session), release }
+    const begun = await beginOnClient(target, client, session)
+    ahead = begun.ahead
+    return { session, multi: begun.multi, ahead, release }
   } catch (cause) {
     release(cause)
     throw cause
@@ -231,7 +269,7 @@ const onClient = <A, E, R>(
 ): Effect.Effect<A, E | StoreError, R> =>
   Effect.acquireUseRelease(
     promised(() => open(target)),
-    ({ session, multi }) => {
+    ({ session, multi, ahead }) => {
       const rows: RidingRow[] = []
       riding.set(session.trx, rows)
       return Effect.flatMap(
@@ -241,16 +279,16 @@ const onClient = <A, E, R>(
         ),
         (value) =>
           Effect.as(
-            promised(() => commit(session, multi, rows)),
+            promised(() => commit(session, multi, rows, ahead)),
             value,
           ),
       )
     },
-    ({ session, release }, exit) =>
+    ({ session, ahead, release }, exit) =>
       Exit.isSuccess(exit)
         ? Effect.sync(() => release())
         : // A failed COMMIT rolled back already; a second ROLLBACK only warns.
-          Effect.promise(async () => release(await rollback(session))),
+          Effect.promise(async () => release(await rollback(session, ahead))),
   )
 
 /**
