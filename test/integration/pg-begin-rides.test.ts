@@ -4,6 +4,7 @@
 // (`statement_timestamp()` is the client message's time). And what must not change: a failed first
 // statement rolls the transaction back, and the connection goes back to the pool clean.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test"
+import net from "node:net"
 import { Effect, Layer, ManagedRuntime } from "effect"
 import { CompiledQuery, type Kysely, sql } from "kysely"
 import { Database } from "../../src/ports/Database.ts"
@@ -39,6 +40,36 @@ afterAll(async () => {
   await t.close()
 })
 
+type Writer = (...args: unknown[]) => unknown
+
+/** Counts socket writes (a `_writev` batch is one; Bun's calls `_write` with it joined) while `body` runs. */
+const countingSocketWrites = async <A>(body: () => Promise<A>): Promise<{ writes: number; value: A }> => {
+  const proto = net.Socket.prototype as unknown as Record<string, Writer>
+  const { _write: write, _writev: writev } = proto
+  let writes = 0
+  let inBatch = false
+  proto._write = function (this: unknown, ...args) {
+    if (!inBatch) writes++
+    return write!.apply(this, args)
+  }
+  proto._writev = function (this: unknown, ...args) {
+    writes++
+    inBatch = true
+    try {
+      return writev!.apply(this, args)
+    } finally {
+      inBatch = false
+    }
+  }
+  try {
+    const value = await body()
+    return { writes, value }
+  } finally {
+    proto._write = write!
+    proto._writev = writev!
+  }
+}
+
 // biome-ignore lint/suspicious/noExplicitAny: the test's own statements
 const same = async (trx: Kysely<any>, text: string) =>
   (await trx.executeQuery<{ same: boolean }>(CompiledQuery.raw(text, [1]))).rows[0]!.same
@@ -48,9 +79,33 @@ describe("node-postgres: a transaction's BEGIN rides its first statement", () =>
     expect(await db.transaction().execute((trx) => same(trx, SAME))).toBe(true)
   })
 
-  test("any other first statement runs after a BEGIN of its own, as before", async () => {
+  test("any other first statement goes as it is, with a BEGIN of its own in front of it in the same write", async () => {
     const other = "SELECT transaction_timestamp() = statement_timestamp() AS same, $1::int AS n -- not own"
+    // Not written into the statement: the BEGIN is a message of its own (its own statement time).
     expect(await db.transaction().execute((trx) => same(trx, other))).toBe(false)
+    const { writes } = await countingSocketWrites(() =>
+      db.transaction().execute((trx) => trx.executeQuery(CompiledQuery.raw(`${other} -- counted`, [2]))),
+    )
+    // BEGIN with the statement, then COMMIT: two writes, where a BEGIN alone made three.
+    expect(writes).toBe(2)
+    // In the transaction: rolled back with it.
+    const rolledBack = await db
+      .transaction()
+      .execute(async (trx) => {
+        await trx.executeQuery(
+          CompiledQuery.raw("INSERT INTO begin_rides (n) VALUES ($1::int) -- not own", [9]),
+        )
+        await trx.executeQuery(CompiledQuery.raw("SELECT 1/0"))
+      })
+      .then(
+        () => "committed",
+        () => "rolled back",
+      )
+    expect(rolledBack).toBe("rolled back")
+    const nine = await sql<{ c: number }>`SELECT count(*)::int AS c FROM begin_rides WHERE n = 9`.execute(
+      t.db,
+    )
+    expect(nine.rows[0]!.c).toBe(0)
   })
 
   test("a first statement that fails rolls the transaction back; the pool's one connection is clean after", async () => {

@@ -5,11 +5,12 @@
  * share of deliveries (bench/cost.ts: a loopback write cost its sender 80–140 µs of CPU on the
  * 2-core machine). Here `begin` is answered at once and goes to the server with the statement that
  * follows, in one simple-protocol text, when that statement is one of txbox's own
- * (`inline.ts`'s `isOwnText`: its values written in as literals); any other goes after a BEGIN of
- * its own, queued ahead of it on the connection, as before. A transaction that sent nothing
+ * (`inline.ts`'s `isOwnText`: its values written in as literals); any other goes as it is, with
+ * the BEGIN written in front of it in the same write (`beginAhead.ts`). A transaction that sent nothing
  * commits or rolls back without a word to the server.
  */
 import { inlinedText, isOwnText } from "../../sql/inline.ts"
+import { beginAhead } from "./beginAhead.ts"
 
 /** The part of a node-postgres client this needs: its `query`. */
 export interface Queryable {
@@ -69,9 +70,10 @@ export const beginWithFirstStatement = (client: Queryable): { readonly reset: ()
       }
       if (written !== undefined) return Promise.resolve(query(`BEGIN;\n${written}`)).then(lastOf)
     }
-    // Queued on the connection ahead of the statement; a BEGIN that fails leaves the connection
-    // broken, and the statement fails with it.
-    Promise.resolve(query("BEGIN")).catch(() => undefined)
+    // Any other statement goes as it is, the BEGIN in front of it in the same write
+    // (beginAhead.ts); where that cannot be, queued on the connection ahead of it (a BEGIN that
+    // fails leaves the connection broken, and the statement fails with it).
+    if (beginAhead(client) === undefined) Promise.resolve(query("BEGIN")).catch(() => undefined)
     return query(...args)
   }
   return {
