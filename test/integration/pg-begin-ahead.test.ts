@@ -157,6 +157,53 @@ describe("Outbox.transaction on a node-postgres pool: BEGIN goes ahead of the fi
     }
   })
 
+  test("two first statements sent at once: both in the transaction, rolled back with it", async () => {
+    const exit = await Effect.runPromiseExit(
+      Outbox.transaction(pool, (trx) =>
+        Effect.andThen(
+          Effect.all([insert(trx, 11), insert(trx, 12)], { concurrency: "unbounded" }),
+          Effect.fail("no"),
+        ),
+      ),
+    )
+    expect(Exit.isFailure(exit)).toBe(true)
+    expect((await count(11)) + (await count(12))).toBe(0)
+    const both = await Effect.runPromise(
+      Outbox.transaction(pool, (trx) =>
+        Effect.all([insert(trx, 11), insert(trx, 12)], { concurrency: "unbounded" }),
+      ),
+    )
+    expect(both.map((r) => r.rows)).toEqual([[{ n: 11 }], [{ n: 12 }]])
+    expect((await count(11)) + (await count(12))).toBe(2)
+  })
+
+  test("the connection lost while the BEGIN waits: the first statement fails, nothing commits, the pool drops it", async () => {
+    const pid = await Effect.runPromise(
+      Outbox.transaction(pool, (trx) =>
+        Effect.tryPromise(
+          async () => (await trx.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number,
+        ),
+      ),
+    )
+    const exit = await Effect.runPromiseExit(
+      Outbox.transaction(pool, (trx) =>
+        Effect.gen(function* () {
+          // The pool's one connection, lent to this transaction, its BEGIN not sent yet.
+          yield* Effect.promise(() => sql`SELECT pg_terminate_backend(${pid}::int)`.execute(t.db))
+          yield* Effect.promise(() => new Promise((resolve) => setTimeout(resolve, 50)))
+          yield* insert(trx, 7)
+          yield* Outbox.enqueue(trx, Note, { note: "ahead-7" })
+        }),
+      ),
+    )
+    expect(Exit.isFailure(exit)).toBe(true)
+    expect(await count(7)).toBe(0)
+    expect(await outboxCount("ahead-7")).toBe(0)
+    // A new connection, which carries the next BEGIN as usual.
+    await Effect.runPromise(Outbox.transaction(pool, (trx) => insert(trx, 8)))
+    expect(await count(8)).toBe(1)
+  })
+
   test("a body that fails before any statement sends nothing at all", async () => {
     const client = await theConnection()
     const { writes, value } = await countingWrites(client, () =>
@@ -209,7 +256,7 @@ describe("beginAhead on a node-postgres client", () => {
       expect(beginAhead(client)).toBeUndefined()
       await running
       expect(beginAhead({ query: () => Promise.resolve({ rows: [] }) })).toBeUndefined()
-      // cancel gives the connection its own methods back: the next statement goes alone.
+      // Cancelled: the next statement goes alone, outside any transaction.
       beginAhead(client)!.cancel()
       await client.query("SELECT 1")
       await expect(client.query("SAVEPOINT outside")).rejects.toThrow("transaction blocks")

@@ -38,8 +38,6 @@ interface PgClient {
   readonly pipeline?: boolean
 }
 
-const HOOKED = ["parse", "bind", "query"] as const
-
 const isPgClient = (client: object): client is PgClient => {
   const c = client as Partial<PgClient>
   const conn = c.connection as Partial<Connection> | undefined
@@ -55,35 +53,22 @@ const isPgClient = (client: object): client is PgClient => {
   )
 }
 
-/** A BEGIN waiting for the client's next statement. */
-export interface BeginAhead {
-  /** Whether it still waits: nothing was sent since. */
-  readonly pending: () => boolean
-  /** Forgets it, if it still waits, and gives the connection its own methods back. */
-  readonly cancel: () => void
+/** A connection's hooks: put on it once, for good (taking them off again would change its shape on every transaction). */
+interface Hooks {
+  /** The client whose next statement carries a BEGIN; undefined while none waits. */
+  waiting: PgClient | undefined
 }
 
-/**
- * Makes the next statement `client` sends carry a BEGIN. `undefined` when `client` is not an idle
- * node-postgres client (not one, in pipeline mode, or busy with a statement): send BEGIN alone then.
- */
-export const beginAhead = (client: object): BeginAhead | undefined => {
-  if (!isPgClient(client) || client._activeQuery || client.readyForQuery !== true) return undefined
-  const conn = client.connection
-  const own = HOOKED.map((name) => [name, Object.getOwnPropertyDescriptor(conn, name)] as const)
+const hooked = new WeakMap<Connection, Hooks>()
+
+const hooksOf = (conn: Connection): Hooks => {
+  const known = hooked.get(conn)
+  if (known !== undefined) return known
+  const hooks: Hooks = { waiting: undefined }
   const { parse, bind, execute, query } = conn
-  let waiting = true
-  const unhook = () => {
-    if (!waiting) return
-    waiting = false
-    for (const [name, descriptor] of own) {
-      if (descriptor === undefined) delete (conn as Partial<Connection>)[name]
-      else Object.defineProperty(conn, name, descriptor)
-    }
-  }
   /** The query object the statement answers: the BEGIN's answer is taken from it first. */
-  const expectBegin = () => {
-    unhook()
+  const expectBegin = (client: PgClient) => {
+    hooks.waiting = undefined
     const submitted = client._activeQuery
     if (!submitted || typeof submitted.handleCommandComplete !== "function")
       throw new Error("txbox: a statement with no query to answer it; BEGIN cannot go ahead of it")
@@ -95,21 +80,54 @@ export const beginAhead = (client: object): BeginAhead | undefined => {
     execute.call(conn, {})
   }
   conn.parse = (statement) => {
-    expectBegin()
-    writeBegin()
+    const client = hooks.waiting
+    if (client !== undefined) {
+      expectBegin(client)
+      writeBegin()
+    }
     parse.call(conn, statement)
   }
   // A named statement parsed before on this connection is bound without a Parse.
   conn.bind = (config) => {
-    expectBegin()
-    writeBegin()
+    const client = hooks.waiting
+    if (client !== undefined) {
+      expectBegin(client)
+      writeBegin()
+    }
     bind.call(conn, config)
   }
   conn.query = (text) => {
-    expectBegin()
+    const client = hooks.waiting
+    if (client === undefined) return query.call(conn, text)
+    expectBegin(client)
     query.call(conn, `BEGIN;\n${text}`)
   }
-  return { pending: () => waiting, cancel: unhook }
+  hooked.set(conn, hooks)
+  return hooks
+}
+
+/** A BEGIN waiting for the client's next statement. */
+export interface BeginAhead {
+  /** Whether it still waits: nothing was sent since. */
+  readonly pending: () => boolean
+  /** Forgets it, if it still waits: the next statement goes alone. */
+  readonly cancel: () => void
+}
+
+/**
+ * Makes the next statement `client` sends carry a BEGIN. `undefined` when `client` is not an idle
+ * node-postgres client (not one, in pipeline mode, or busy with a statement): send BEGIN alone then.
+ */
+export const beginAhead = (client: object): BeginAhead | undefined => {
+  if (!isPgClient(client) || client._activeQuery || client.readyForQuery !== true) return undefined
+  const hooks = hooksOf(client.connection)
+  hooks.waiting = client
+  return {
+    pending: () => hooks.waiting === client,
+    cancel: () => {
+      if (hooks.waiting === client) hooks.waiting = undefined
+    },
+  }
 }
 
 /**
@@ -121,16 +139,18 @@ const takeBeginAnswer = (submitted: Submitted, conn: Connection) => {
   const name = submitted.name
   const parsedBefore = name ? conn.parsedStatements?.[name] : undefined
   const handle = submitted.handleCommandComplete
-  const hadOwn = Object.hasOwn(submitted, "handleCommandComplete")
+  let first = true
+  // Left in place after (the query object lives for one statement): deleting it would reshape it.
   submitted.handleCommandComplete = function (this: Submitted, message, connection) {
-    if (hadOwn) submitted.handleCommandComplete = handle
-    else delete (submitted as Partial<Submitted>).handleCommandComplete
-    if (message.text === "BEGIN") {
-      if (name && conn.parsedStatements) {
-        if (parsedBefore === undefined) delete conn.parsedStatements[name]
-        else conn.parsedStatements[name] = parsedBefore
+    if (first) {
+      first = false
+      if (message.text === "BEGIN") {
+        if (name && conn.parsedStatements) {
+          if (parsedBefore === undefined) delete conn.parsedStatements[name]
+          else conn.parsedStatements[name] = parsedBefore
+        }
+        return
       }
-      return
     }
     handle.call(this, message, connection)
   }
