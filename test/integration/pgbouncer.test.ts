@@ -63,20 +63,34 @@ const produce = async (count: number) => {
   const db = new Kysely<unknown>({
     dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: bouncer.url, max: 4 }) }),
   })
+  const pool = new pg.Pool({ connectionString: bouncer.url, max: 4 })
   try {
     let next = 0
     const loop = async () => {
       while (next < count) {
         const n = next++
-        // Half in Outbox.transaction (the row with the COMMIT, one text), half in a transaction of their own.
-        if (n % 2 === 0)
+        // A third in Outbox.transaction on a Kysely (the row with the COMMIT, one text), a third on a
+        // node-postgres pool (the BEGIN also in the write of the body's first statement, a
+        // parameterized one: Parse/Bind/Execute of BEGIN ahead of its messages), a third in a
+        // transaction of their own.
+        if (n % 3 === 0)
           await Effect.runPromise(Outbox.transaction(db, (trx) => Outbox.enqueue(trx, Note, { n })))
+        else if (n % 3 === 1)
+          await Effect.runPromise(
+            Outbox.transaction(pool, (client) =>
+              Effect.andThen(
+                Effect.tryPromise(() => client.query("SELECT $1::int AS n", [n])),
+                Outbox.enqueue(client, Note, { n }),
+              ),
+            ),
+          )
         else await db.transaction().execute((trx) => Effect.runPromise(Outbox.enqueue(trx, Note, { n })))
       }
     }
     await Promise.all([loop(), loop(), loop(), loop()])
   } finally {
     await db.destroy()
+    await pool.end()
   }
 }
 

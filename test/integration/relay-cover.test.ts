@@ -143,8 +143,11 @@ test("three relay processes at a low rate: one does the looking, the others step
     // claims about evenly (the busiest 43 % in a run at f23358d). With only the relays ranked after
     // stepping back, the looking passed to the first in rank when its poll happened to find a row:
     // the busiest made 62–94 % in ten runs, 50 % once in CI. Now that one takes the looks up
-    // (LookCover.leading): 84–95 % in nine runs here, four of them with both cores kept busy.
-    expect(claims[0]! / total).toBeGreaterThan(0.7)
+    // (LookCover.leading): 84–95 % in nine runs here, four of them with both cores kept busy. Runs
+    // are bimodal: on 2026-12-06, at this commit and at 633defe alike, 86–94 % in eight runs and
+    // 68–72 % in five (the second relay then making ~24 % of the claims), 69 % twice in the full
+    // suite. The bar sits above what the relays did without LookCover (43 %), below that second mode.
+    expect(claims[0]! / total).toBeGreaterThan(0.6)
   } finally {
     await Promise.all(relays.map((r, i) => r.runPromise(Scope.close(scopes[i]!, Exit.void))))
     await Promise.all(relays.map((r) => r.dispose()))

@@ -215,7 +215,7 @@ interface Open {
   readonly multi: boolean
   /** The BEGIN, when it waits for the first statement (`beginOnClient`). */
   readonly ahead: BeginAhead | undefined
-  /** Gives a pool's client back (or the caller's client its own methods); `broken`: dropped instead of kept. */
+  /** Gives a pool's client back (a BEGIN still waiting forgotten); `broken`: dropped instead of kept. */
   readonly release: (broken?: unknown) => void
 }
 
