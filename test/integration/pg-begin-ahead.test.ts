@@ -11,6 +11,7 @@ import pg from "pg"
 import * as Outbox from "../../src/Outbox.ts"
 import { beginAhead } from "../../src/storage/drivers/pg/beginAhead.ts"
 import { Note } from "../fixtures/contracts.ts"
+import { countingSocketWrites } from "../support/socketWrites.ts"
 import { type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
 
 let t: MigratedDatabase
@@ -27,48 +28,9 @@ afterAll(async () => {
   await t.close()
 })
 
-type Writer = (...args: unknown[]) => unknown
-
-/**
- * Counts what `client`'s socket writes while `body` runs: a `_writev` (a corked batch) is one write,
- * and so is a `_write` outside one (Bun's `_writev` calls `_write` with the batch joined).
- */
-const countingWrites = async <A>(
-  client: object,
-  body: () => Promise<A>,
-): Promise<{ writes: number; value: A }> => {
-  const stream = (client as { connection: { stream: Record<string, Writer> } }).connection.stream
-  const own = {
-    _write: Object.getOwnPropertyDescriptor(stream, "_write"),
-    _writev: Object.getOwnPropertyDescriptor(stream, "_writev"),
-  }
-  const { _write: write, _writev: writev } = stream
-  let writes = 0
-  let inBatch = false
-  stream._write = function (this: unknown, ...args) {
-    if (!inBatch) writes++
-    return write!.apply(this, args)
-  }
-  if (writev)
-    stream._writev = function (this: unknown, ...args) {
-      writes++
-      inBatch = true
-      try {
-        return writev.apply(this, args)
-      } finally {
-        inBatch = false
-      }
-    }
-  try {
-    const value = await body()
-    return { writes, value }
-  } finally {
-    for (const [name, descriptor] of Object.entries(own)) {
-      if (descriptor === undefined) delete stream[name]
-      else Object.defineProperty(stream, name, descriptor)
-    }
-  }
-}
+/** The writes `client`'s connection makes while `body` runs. */
+const countingWrites = <A>(client: object, body: () => Promise<A>) =>
+  countingSocketWrites((client as { connection: { stream: object } }).connection.stream, body)
 
 const count = async (n: number) =>
   (await sql<{ c: number }>`SELECT count(*)::int AS c FROM begin_ahead WHERE n = ${n}`.execute(t.db)).rows[0]!

@@ -10,6 +10,7 @@ import { CompiledQuery, type Kysely, sql } from "kysely"
 import { Database } from "../../src/ports/Database.ts"
 import * as PgStore from "../../src/storage/drivers/pg/PgStore.ts"
 import { markOwnText } from "../../src/storage/sql/inline.ts"
+import { countingSocketWrites } from "../support/socketWrites.ts"
 import { type MigratedDatabase, migratedDatabase } from "../support/txbox.ts"
 
 const SAME = "SELECT transaction_timestamp() = statement_timestamp() AS same, $1::int AS n -- begin-rides"
@@ -40,36 +41,6 @@ afterAll(async () => {
   await t.close()
 })
 
-type Writer = (...args: unknown[]) => unknown
-
-/** Counts socket writes (a `_writev` batch is one; Bun's calls `_write` with it joined) while `body` runs. */
-const countingSocketWrites = async <A>(body: () => Promise<A>): Promise<{ writes: number; value: A }> => {
-  const proto = net.Socket.prototype as unknown as Record<string, Writer>
-  const { _write: write, _writev: writev } = proto
-  let writes = 0
-  let inBatch = false
-  proto._write = function (this: unknown, ...args) {
-    if (!inBatch) writes++
-    return write!.apply(this, args)
-  }
-  proto._writev = function (this: unknown, ...args) {
-    writes++
-    inBatch = true
-    try {
-      return writev!.apply(this, args)
-    } finally {
-      inBatch = false
-    }
-  }
-  try {
-    const value = await body()
-    return { writes, value }
-  } finally {
-    proto._write = write!
-    proto._writev = writev!
-  }
-}
-
 // biome-ignore lint/suspicious/noExplicitAny: the test's own statements
 const same = async (trx: Kysely<any>, text: string) =>
   (await trx.executeQuery<{ same: boolean }>(CompiledQuery.raw(text, [1]))).rows[0]!.same
@@ -83,7 +54,7 @@ describe("node-postgres: a transaction's BEGIN rides its first statement", () =>
     const other = "SELECT transaction_timestamp() = statement_timestamp() AS same, $1::int AS n -- not own"
     // Not written into the statement: the BEGIN is a message of its own (its own statement time).
     expect(await db.transaction().execute((trx) => same(trx, other))).toBe(false)
-    const { writes } = await countingSocketWrites(() =>
+    const { writes } = await countingSocketWrites(net.Socket.prototype, () =>
       db.transaction().execute((trx) => trx.executeQuery(CompiledQuery.raw(`${other} -- counted`, [2]))),
     )
     // BEGIN with the statement, then COMMIT: two writes, where a BEGIN alone made three.

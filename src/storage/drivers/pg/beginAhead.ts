@@ -74,26 +74,22 @@ const hooksOf = (conn: Connection): Hooks => {
       throw new Error("txbox: a statement with no query to answer it; BEGIN cannot go ahead of it")
     takeBeginAnswer(submitted, conn)
   }
-  const writeBegin = () => {
+  /** The BEGIN's own Parse/Bind/Execute, when one waits, ahead of the statement's first message. */
+  const beginFirst = () => {
+    const client = hooks.waiting
+    if (client === undefined) return
+    expectBegin(client)
     parse.call(conn, { text: "BEGIN" })
     bind.call(conn, {})
     execute.call(conn, {})
   }
   conn.parse = (statement) => {
-    const client = hooks.waiting
-    if (client !== undefined) {
-      expectBegin(client)
-      writeBegin()
-    }
+    beginFirst()
     parse.call(conn, statement)
   }
   // A named statement parsed before on this connection is bound without a Parse.
   conn.bind = (config) => {
-    const client = hooks.waiting
-    if (client !== undefined) {
-      expectBegin(client)
-      writeBegin()
-    }
+    beginFirst()
     bind.call(conn, config)
   }
   conn.query = (text) => {
