@@ -197,8 +197,14 @@ interface Run {
   readonly cpu: CpuUse
   /** The whole machine in cores, by kind (/proc/stat): where _other_ went (softirq, steal, …). */
   readonly machine: Readonly<Record<string, number>> | undefined
-  /** txbox's relays (their stats, a second apart): claims per second, and the share that found nothing. */
-  readonly claims: { readonly perSecond: number; readonly empty: number } | undefined
+  /**
+   * txbox's relays (their stats, a second apart): claims per second, and the share that found
+   * nothing over the whole window; `steadyEmpty`: that share from STEADY_AFTER_MS into the run to the
+   * producer's end, without the start from idle (a NOTIFY wakes every relay process) and the drain.
+   */
+  readonly claims:
+    | { readonly perSecond: number; readonly empty: number; readonly steadyEmpty: number | undefined }
+    | undefined
   /** What PostgreSQL did per message: transactions, WAL bytes, rows written (pg_stat_*; approximate). */
   readonly database: DatabaseWork
 }
@@ -220,6 +226,9 @@ interface DatabaseWork {
  * <dir>/<label>.txt after it: where the server's time per message goes, statement by statement.
  */
 const STATEMENTS_DIR = process.env.BENCH_PG_STATEMENTS || undefined
+
+/** Where the steady part of a run starts (`claims.steadyEmpty`): the relays' stats come a second apart. */
+const STEADY_AFTER_MS = 2_000
 
 /** BENCH_LATENCY_SPLIT=1: txbox runs also print where commit → handler goes (to the inbox transaction, in it; the relay's mark). */
 const LATENCY_SPLIT = process.env.BENCH_LATENCY_SPLIT === "1"
@@ -420,6 +429,8 @@ main(() =>
         if (claims.length > 0) {
           put(`txbox_claims_per_s_${k}`, median(claims.map((c) => c.perSecond)), 1)
           put(`txbox_empty_claims_${k}`, median(claims.map((c) => c.empty)), 3)
+          const steady = claims.flatMap((c) => (c.steadyEmpty === undefined ? [] : [c.steadyEmpty]))
+          if (steady.length > 0) put(`txbox_empty_claims_steady_${k}`, median(steady), 3)
         }
       }
     }
@@ -608,6 +619,12 @@ async function runOnce(
       return { claims, batches, at: performance.now() }
     }
     const claimsBefore = claimsSoFar()
+    // The steady part of the run: its first seconds come from idle (the producers' NOTIFY wakes a
+    // worker in every relay process, and all but one find nothing), its drain goes back to idle.
+    let steadyFrom: ReturnType<typeof claimsSoFar>
+    const steadyTimer = setTimeout(() => {
+      steadyFrom = claimsSoFar()
+    }, STEADY_AFTER_MS)
     // The clients' JIT compiler threads: part of their CPU above, shown apart (JIT column).
     // (A compiler thread that exits in between takes its time with it: a lower bound.)
     const compiling = () => new Map(pids.flatMap((pid) => [...threadSeconds(pid, "JITWorker")]))
@@ -623,6 +640,8 @@ async function runOnce(
       (line) => line.event === "done" && line.run === 1,
       config.seconds * 1000 + 60_000,
     )
+    clearTimeout(steadyTimer)
+    const steadyTo = claimsSoFar()
     if ((done.errors ?? 0) > 0)
       throw new Error(`${label}: ${done.errors} producer transactions failed: ${done.firstError}`)
     const committed = done.transactions ?? 0
@@ -653,6 +672,10 @@ async function runOnce(
               ((claimsAfter.claims - claimsBefore.claims) * 1000) / (claimsAfter.at - claimsBefore.at),
             empty:
               1 - (claimsAfter.batches - claimsBefore.batches) / (claimsAfter.claims - claimsBefore.claims),
+            steadyEmpty:
+              steadyFrom === undefined || steadyTo === undefined || steadyTo.claims === steadyFrom.claims
+                ? undefined
+                : 1 - (steadyTo.batches - steadyFrom.batches) / (steadyTo.claims - steadyFrom.claims),
           }
     // Backends publish their counters within a second of their last transaction.
     await sleep(1100)
@@ -805,7 +828,7 @@ async function runOnce(
         `; per message PostgreSQL ran ${database.transactions.toFixed(2)} transactions, wrote ${Math.round(database.walBytes)} B of WAL and ${database.rowWrites.toFixed(2)} rows` +
         (claimed === undefined
           ? ""
-          : `; the relays claimed ${claimed.perSecond.toFixed(1)} times/s, ${Math.round(claimed.empty * 100)} % of them finding nothing`),
+          : `; the relays claimed ${claimed.perSecond.toFixed(1)} times/s, ${Math.round(claimed.empty * 100)} % of them finding nothing${claimed.steadyEmpty === undefined ? "" : ` (${Math.round(claimed.steadyEmpty * 100)} % from ${STEADY_AFTER_MS / 1000} s in to the producer's end)`}`),
     )
     return { run, clock }
   } finally {

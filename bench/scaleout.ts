@@ -50,7 +50,9 @@ interface CostRun {
   readonly p50: number
   readonly p99: number
   readonly usPerMessage: Readonly<Record<string, number | undefined>>
-  readonly claims: { readonly perSecond: number; readonly empty: number } | undefined
+  readonly claims:
+    | { readonly perSecond: number; readonly empty: number; readonly steadyEmpty: number | undefined }
+    | undefined
 }
 
 /**
@@ -92,7 +94,19 @@ const printSteady = (runs: ReadonlyArray<CostRun>): Record<string, number> => {
   const pgBase = base.usPerMessage.postgres
   printTable(
     `Relay + inbox processes at ${config.rate} msg/s offered (txbox's defaults, bench/cost.ts): PostgreSQL µs per message against ${base.topology}'s`,
-    ["relay+inbox", "msg/s", "p50 ms", "p99 ms", "p99 ×", "claims/s", "empty %", "relay µs", "pg µs", "pg ×"],
+    [
+      "relay+inbox",
+      "msg/s",
+      "p50 ms",
+      "p99 ms",
+      "p99 ×",
+      "claims/s",
+      "empty %",
+      "steady empty %",
+      "relay µs",
+      "pg µs",
+      "pg ×",
+    ],
     runs.map((r) => [
       r.topology,
       Math.round(r.e2eRate),
@@ -101,6 +115,7 @@ const printSteady = (runs: ReadonlyArray<CostRun>): Record<string, number> => {
       round(r.p99 / base.p99, 2),
       r.claims === undefined ? undefined : round(r.claims.perSecond, 1),
       r.claims === undefined ? undefined : Math.round(r.claims.empty * 100),
+      r.claims?.steadyEmpty === undefined ? undefined : Math.round(r.claims.steadyEmpty * 100),
       r.usPerMessage.relay === undefined ? undefined : Math.round(r.usPerMessage.relay),
       r.usPerMessage.postgres === undefined ? undefined : Math.round(r.usPerMessage.postgres),
       r.usPerMessage.postgres === undefined || pgBase === undefined
@@ -113,6 +128,8 @@ const printSteady = (runs: ReadonlyArray<CostRun>): Record<string, number> => {
     const k = r.topology.replace("+", "_")
     summary[`steady_p99_ms_${k}`] = round(r.p99, 1)
     if (r.claims) summary[`steady_empty_claims_${k}`] = round(r.claims.empty, 3)
+    if (r.claims?.steadyEmpty !== undefined)
+      summary[`steady_empty_claims_after_start_${k}`] = round(r.claims.steadyEmpty, 3)
     if (r.usPerMessage.postgres !== undefined && pgBase !== undefined)
       summary[`steady_pg_ratio_${k}`] = round(r.usPerMessage.postgres / pgBase, 3)
   }

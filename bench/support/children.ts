@@ -2,7 +2,7 @@
 // support/inboxProcess.ts): spawn with an environment, read their JSON lines, send them commands
 // on stdin, stop them.
 import { type ChildProcess, spawn } from "node:child_process"
-import { openSync } from "node:fs"
+import { openSync, writeSync } from "node:fs"
 import { join } from "node:path"
 import { BENCH_DIR, until } from "./harness.ts"
 
@@ -51,13 +51,29 @@ export const spawnChild = <L extends { readonly event: string }>(
     [...(node ? ["--cpu-prof", `--cpu-prof-dir=${node}`] : flags), join(BENCH_DIR, "support", script)],
     {
       env: { ...process.env, ...env, ...(jitReport ? { BUN_JSC_reportCompileTimes: "1" } : {}) },
-      stdio: [
-        "pipe",
-        "pipe",
-        jitReport ? openSync(join(jitReport, `${script}-${Date.now()}.log`), "w") : "inherit",
-      ],
+      stdio: ["pipe", "pipe", jitReport ? "pipe" : "inherit"],
     },
   )
+  // Each line stamped with the seconds since the child started: what is still compiled in the
+  // measured window, not at start-up, is the cost a long-running process keeps paying.
+  if (jitReport) {
+    const log = openSync(join(jitReport, `${script}-${Date.now()}.log`), "w")
+    const spawnedAt = performance.now()
+    let partial = ""
+    child.stderr!.setEncoding("utf8")
+    child.stderr!.on("data", (chunk: string) => {
+      const text = partial + chunk
+      const end = text.lastIndexOf("\n") + 1
+      partial = text.slice(end)
+      const at = ((performance.now() - spawnedAt) / 1000).toFixed(1)
+      const stamped = text
+        .slice(0, end)
+        .split("\n")
+        .slice(0, -1)
+        .map((line) => `${at} ${line}\n`)
+      writeSync(log, stamped.join(""))
+    })
+  }
   running.add(child)
   const lines: L[] = []
   let exited: number | null | undefined
