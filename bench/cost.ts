@@ -172,6 +172,13 @@ const PARTIES = [
 ] as const
 type Party = (typeof PARTIES)[number]
 
+/** The relays' claims in a run (bench/scaleout.ts reads them from results). */
+export interface ClaimFigures {
+  readonly perSecond: number
+  readonly empty: number
+  readonly steadyEmpty: number | undefined
+}
+
 interface Run {
   readonly round: number
   readonly pipeline: Pipeline
@@ -202,9 +209,7 @@ interface Run {
    * nothing over the whole window; `steadyEmpty`: that share from STEADY_AFTER_MS into the run to the
    * producer's end, without the start from idle (a NOTIFY wakes every relay process) and the drain.
    */
-  readonly claims:
-    | { readonly perSecond: number; readonly empty: number; readonly steadyEmpty: number | undefined }
-    | undefined
+  readonly claims: ClaimFigures | undefined
   /** What PostgreSQL did per message: transactions, WAL bytes, rows written (pg_stat_*; approximate). */
   readonly database: DatabaseWork
 }
@@ -618,10 +623,16 @@ async function runOnce(
       }
       return { claims, batches, at: performance.now() }
     }
+    type ClaimsSoFar = ReturnType<typeof claimsSoFar>
     const claimsBefore = claimsSoFar()
+    // The share of the claims between two readings that found nothing (none made: undefined).
+    const emptyShare = (from: ClaimsSoFar, to: ClaimsSoFar) =>
+      from === undefined || to === undefined || to.claims === from.claims
+        ? undefined
+        : 1 - (to.batches - from.batches) / (to.claims - from.claims)
     // The steady part of the run: its first seconds come from idle (the producers' NOTIFY wakes a
     // worker in every relay process, and all but one find nothing), its drain goes back to idle.
-    let steadyFrom: ReturnType<typeof claimsSoFar>
+    let steadyFrom: ClaimsSoFar
     const steadyTimer = setTimeout(() => {
       steadyFrom = claimsSoFar()
     }, STEADY_AFTER_MS)
@@ -670,12 +681,8 @@ async function runOnce(
         : {
             perSecond:
               ((claimsAfter.claims - claimsBefore.claims) * 1000) / (claimsAfter.at - claimsBefore.at),
-            empty:
-              1 - (claimsAfter.batches - claimsBefore.batches) / (claimsAfter.claims - claimsBefore.claims),
-            steadyEmpty:
-              steadyFrom === undefined || steadyTo === undefined || steadyTo.claims === steadyFrom.claims
-                ? undefined
-                : 1 - (steadyTo.batches - steadyFrom.batches) / (steadyTo.claims - steadyFrom.claims),
+            empty: emptyShare(claimsBefore, claimsAfter)!,
+            steadyEmpty: emptyShare(steadyFrom, steadyTo),
           }
     // Backends publish their counters within a second of their last transaction.
     await sleep(1100)

@@ -14,6 +14,7 @@ import { spawnSync } from "node:child_process"
 import { mkdtempSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import type { ClaimFigures } from "./cost.ts"
 import { declareSink, type QueueType } from "./support/amqp.ts"
 import { spawnRelay } from "./support/children.ts"
 import { type CpuUse, cpuMeter, portOf } from "./support/cpu.ts"
@@ -50,9 +51,7 @@ interface CostRun {
   readonly p50: number
   readonly p99: number
   readonly usPerMessage: Readonly<Record<string, number | undefined>>
-  readonly claims:
-    | { readonly perSecond: number; readonly empty: number; readonly steadyEmpty: number | undefined }
-    | undefined
+  readonly claims: ClaimFigures | undefined
 }
 
 /**
