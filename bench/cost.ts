@@ -43,7 +43,15 @@ import {
   type RelayStatsLine,
   spawnChild,
 } from "./support/children.ts"
-import { type CpuMeter, type CpuUse, cpuMeter, portOf, threadSeconds, threadsUsed } from "./support/cpu.ts"
+import {
+  type CpuMeter,
+  type CpuUse,
+  cpuMeter,
+  portOf,
+  threadSeconds,
+  threadsUsed,
+  treeSeconds,
+} from "./support/cpu.ts"
 import { createBenchDatabase, dropIdleSlots } from "./support/db.ts"
 import { HAND_SCHEMA_SQL, PIPELINE_TABLES_SQL } from "./support/hand.ts"
 import {
@@ -210,6 +218,11 @@ interface Run {
    * producer's end, without the start from idle (a NOTIFY wakes every relay process) and the drain.
    */
   readonly claims: ClaimFigures | undefined
+  /**
+   * txbox-wal: of PostgreSQL's CPU, its WAL sender's, µs per message (bench/walsender.ts has what
+   * it costs per transaction of the database); undefined for the other pipelines.
+   */
+  readonly walSenderUs: number | undefined
   /** What PostgreSQL did per message: transactions, WAL bytes, rows written (pg_stat_*; approximate). */
   readonly database: DatabaseWork
 }
@@ -437,6 +450,8 @@ main(() =>
           const steady = claims.flatMap((c) => (c.steadyEmpty === undefined ? [] : [c.steadyEmpty]))
           if (steady.length > 0) put(`txbox_empty_claims_steady_${k}`, median(steady), 3)
         }
+        const sender = here.flatMap((r) => (r.walSenderUs === undefined ? [] : [r.walSenderUs]))
+        if (sender.length > 0) put(`txbox-wal_cpu_walsender_${k}`, median(sender), 1)
       }
     }
     writeResult("cost", args, services, {
@@ -643,6 +658,16 @@ async function runOnce(
     // …and their allocator's background thread (Bun's mimalloc returning freed pages to the system).
     const purging = () => new Map(pids.flatMap((pid) => [...threadSeconds(pid, "mi-scavenger")]))
     const purgingBefore = purging()
+    // The WAL relay's slot: the WAL sender decodes every transaction of the database for it.
+    const senderPid =
+      pipeline === "txbox-wal"
+        ? (
+            await sql<{
+              pid: number
+            }>`SELECT pid FROM pg_stat_replication WHERE pid IS NOT NULL LIMIT 1`.execute(bench.db)
+          ).rows[0]?.pid
+        : undefined
+    const senderBefore = senderPid === undefined ? undefined : treeSeconds(senderPid)
     const before = meter.sample(pids)
     const machineBefore = machineTicks()
     producer.send(JSON.stringify({ cmd: "run", run: 1, mode, rate, seconds: config.seconds }))
@@ -671,6 +696,7 @@ async function runOnce(
       10_000,
     )
     const cpu = meter.use(before, meter.sample(pids))
+    const senderAfter = senderPid === undefined ? undefined : treeSeconds(senderPid)
     const compiled = threadsUsed(compilingBefore, compiling())
     const purged = threadsUsed(purgingBefore, purging())
     const machine = machineUse(machineBefore, machineTicks(), cpu.seconds)
@@ -826,12 +852,19 @@ async function runOnce(
       machine,
       database,
       claims: claimed,
+      walSenderUs:
+        senderBefore === undefined || senderAfter === undefined || committed === 0
+          ? undefined
+          : ((senderAfter - senderBefore) * 1e6) / committed,
     }
     log(
       `${label}: ${committed} messages, ${Math.round(run.e2eRate)} msg/s end to end (drain ${drainSeconds.toFixed(2)} s), ` +
         `p50 ${run.p50.toFixed(1)} ms, p99 ${run.p99.toFixed(1)} ms, ${usPerMessage.total === undefined ? "–" : Math.round(usPerMessage.total)} µs/msg, ` +
         `other ${cpu.machineBusy === undefined || total === undefined ? "–" : (cpu.machineBusy - total).toFixed(2)} cores` +
         (machine === undefined ? "" : ` (softirq ${machine.softirq}, steal ${machine.steal})`) +
+        (run.walSenderUs === undefined
+          ? ""
+          : `; of PostgreSQL's CPU, its WAL sender ${Math.round(run.walSenderUs)} µs/msg`) +
         `; per message PostgreSQL ran ${database.transactions.toFixed(2)} transactions, wrote ${Math.round(database.walBytes)} B of WAL and ${database.rowWrites.toFixed(2)} rows` +
         (claimed === undefined
           ? ""

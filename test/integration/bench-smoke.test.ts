@@ -65,6 +65,7 @@ describe("bench scripts --quick", () => {
     "builder",
     "retention",
     "idle",
+    "walsender",
     "vacuum",
     "snapshot",
   ]) {
@@ -91,6 +92,12 @@ describe("bench scripts --quick", () => {
     if (code !== 0) console.error(output)
     expect(code).toBe(0)
     expectResult("cost")
+    // Of PostgreSQL's CPU, the WAL sender's: read from /proc for the slot's reader.
+    const { summary } = JSON.parse(readFileSync(join(resultsDir, "cost.json"), "utf8")) as {
+      summary: Record<string, number>
+    }
+    expect(Object.keys(summary).filter((key) => key.startsWith("txbox-wal_cpu_walsender_"))).toHaveLength(1)
+    expect(output).toContain("its WAL sender")
   }, 240_000)
 
   // relay.ts --source wal: a server of its own with wal_level = logical, the backlog written after the
