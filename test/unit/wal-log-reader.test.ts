@@ -268,6 +268,33 @@ describe("pgoutput framing", () => {
     expect(parseTimestamp("2026-11-28 21:00:00.5+05:30").toISOString()).toBe("2026-11-28T15:30:00.500Z")
     expect(() => parseTimestamp("yesterday")).toThrow(ProtocolError)
   })
+
+  // Read by hand (the fast path) for what the replication session writes; the same instant as the
+  // text means, checked against Date's own reading of its ISO 8601 form, for each shape PostgreSQL
+  // writes: fractions of 0 to 6 digits, offsets of hours, hours and minutes, either sign.
+  test("the hand-read timestamps agree with Date's reading of the same instant", () => {
+    const shapes = ["", ".1", ".12", ".123", ".1234", ".12345", ".999999", ".000001"]
+    const offsets = ["+00", "-03", "+05:30", "-09:45", "+14", "+0530"]
+    let checked = 0
+    for (let n = 0; n < 400; n++) {
+      const at = new Date(
+        Date.UTC(1971 + (n % 60), n % 12, 1 + (n % 28), n % 24, (n * 7) % 60, (n * 13) % 60),
+      )
+      const base = at.toISOString().slice(0, 19).replace("T", " ")
+      const fraction = shapes[n % shapes.length]!
+      const offset = offsets[n % offsets.length]!
+      const text = `${base}${fraction}${offset}`
+      const iso = `${base.replace(" ", "T")}${fraction.slice(0, 4)}${offset.length === 3 ? `${offset}:00` : offset.length === 5 ? `${offset.slice(0, 3)}:${offset.slice(3)}` : offset}`
+      expect({ text, ms: parseTimestamp(text).getTime() }).toEqual({ text, ms: new Date(iso).getTime() })
+      checked++
+    }
+    expect(checked).toBe(400)
+    // Not the session's form: Date reads what it can, and what it cannot is a ProtocolError.
+    expect(parseTimestamp("2026-11-28T21:00:00Z").toISOString()).toBe("2026-11-28T21:00:00.000Z")
+    expect(() => parseTimestamp("2026-11-28 21:00:00")).not.toThrow()
+    expect(() => parseTimestamp("2026-11-28 2x:00:00+00")).toThrow(ProtocolError)
+    expect(() => parseTimestamp("2026-11-28 21:00:00+0")).toThrow(ProtocolError)
+  })
 })
 
 describe("publishesAtOnce", () => {
