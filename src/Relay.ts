@@ -71,15 +71,16 @@ export interface RelayConfig {
   readonly sweepAfter?: Duration.Input
   /**
    * The shortest time from one batch's start to the next under load; twice that while few rows
-   * come in (polling: fewer than 80 per twice that, below 1,600 msg/s per relay process at the
-   * default; `source: "wal"`: fewer than 40, below 800 msg/s). A batch is what committed
-   * meanwhile, so batches grow with the rate instead of their number: each costs a claim, a
-   * publish, a confirm and a mark, and downstream a broker message and a consumer delivery. Lower
-   * it for latency, raise it for cost per message: at 1,000 msg/s on one 2-core machine (one relay
-   * and one inbox process, bench/cost.ts) "12 millis" (looks every 24 ms) gave commit → handler
-   * p50/p99 26–27/51–75 ms against 46–52/79–149 at the default, for ~10 % more CPU per message
-   * over all parties, the relay's own ~37 % more (docs/benchmarks.md). The first commit after a quiet spell
-   * is published at once (its NOTIFY wakes the relay). @default "25 millis"
+   * come in (fewer than 40 per twice that: below 800 msg/s per relay process at the default, with
+   * either source). A batch is what committed meanwhile, so batches grow with the rate instead of
+   * their number: each costs a claim, a publish, a confirm and a mark, and downstream a broker
+   * message and a consumer delivery. Lower it for latency, raise it for cost per message: at 1,000
+   * msg/s on one 2-core machine (one relay and one inbox process, bench/cost.ts, 2026-12-06) the
+   * default looks every 25 ms, commit → handler p50/p99 21/36 ms; "10 millis" (every 20 ms) gave
+   * 17/29 ms; looks every 50 ms 39–42/69–77 ms. All five parties' CPU per message stayed within the
+   * runs' noise; the relay's own was 1.4–1.6× the hand-written relay's at 25 and 20 ms, 1.1–1.3× at
+   * 50 (docs/benchmarks.md). The first commit after a quiet spell is published at once (its NOTIFY
+   * wakes the relay). @default "25 millis"
    */
   readonly batchEvery?: Duration.Input
   /** Per-message retries, persisted in `visible_at`. @default defaultRetryPolicy */
@@ -263,15 +264,16 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
 
 /**
  * While fewer rows than this come in per 2 × `batchEvery`, the looks come every 2 × `batchEvery`:
- * a look costs about the same whatever its size, so at the default 25 ms, below 1,600 msg/s a
+ * a look costs about the same whatever its size, so at the default 25 ms, below 800 msg/s a
  * worker looks every 50 ms (the hand-written relay's cadence in bench/cost.ts) and its batches grow
  * instead; above, every 25 ms (from one look's start to the next), for the latency. Per relay
- * process: two relays at 1,000 msg/s each see half. Until 2026-12-04 the bar was 40 rows (800
- * msg/s): at 1,000 msg/s, 1 + 1, two rounds each, the relay then cost 1.23× the hand-written one's
- * CPU per message and 0.99× at 80, the whole pipeline 1,520 → 1,390 µs per message, for commit →
- * handler p50 34 → 50–56 ms (docs/benchmarks.md has the A/B, and the trade `batchEvery` makes).
+ * process: two relays at 1,000 msg/s each see half. From 2026-12-04 to 12-06 the bar was 80 rows
+ * (1,600 msg/s), for the relay's CPU; at 1,000 msg/s, 1 + 1, in one session (bench/cost.ts, the
+ * hand-written pipeline as the control): commit → handler p99 69–77 ms at 80 (five runs), 36–37 ms
+ * at 40 (two; 2 + 2: 67 against 36), all five parties 0.65–0.69× the hand-written pipeline's CPU at
+ * both, the relay's own 1.06–1.27× against 1.39× (docs/benchmarks.md has the A/B).
  */
-const FEW_ROWS = 80
+const FEW_ROWS = 40
 /**
  * Producers skip the NOTIFY while a row was marked sent within 100 ms (migration 0014), and for
  * 25 ms more after asking (storage/sql/enqueue.ts's QUIET_MS); a batch's mark goes with the next

@@ -77,7 +77,7 @@ export interface LookCover {
 
 /** A relay that published within this long is still looking: at a low rate it looks every 50 ms. */
 const COVERED_WITHIN_MS = 100
-/** Batches under this say the rate is low enough for one relay's looks (Relay.ts's FEW_ROWS). */
+/** Batches under this say the rate is low enough for one relay's looks (Relay.ts's FEW_ROWS, the same 40). */
 const COVERED_BELOW_ROWS = 40
 
 /** Records whether the claim just made is covered by another relay's looks. */
