@@ -76,10 +76,10 @@ export interface RelayConfig {
    * their number: each costs a claim, a publish, a confirm and a mark, and downstream a broker
    * message and a consumer delivery. Lower it for latency, raise it for cost per message: at 1,000
    * msg/s on one 2-core machine (one relay and one inbox process, bench/cost.ts, 2026-12-06) the
-   * default looks every 25 ms, commit → handler p50/p99 21/36 ms; "10 millis" (every 20 ms) gave
-   * 17/29 ms; looks every 50 ms 39–42/69–77 ms. All five parties' CPU per message stayed within the
-   * runs' noise; the relay's own was 1.4–1.6× the hand-written relay's at 25 and 20 ms, 1.1–1.3× at
-   * 50 (docs/benchmarks.md). The first commit after a quiet spell is published at once (its NOTIFY
+   * default looks every 25 ms, commit → handler p99 36–52 ms; "10 millis" (every 20 ms) gave 29 ms;
+   * looks every 50 ms 66–77 ms. All five parties' CPU per message was 0.67–0.81× the hand-written
+   * pipeline's at 25 ms, 0.65–0.69× at 50; the relay's own 1.4–1.8× the hand-written relay's at
+   * 25 ms, 1.1–1.3× at 50 (docs/benchmarks.md). The first commit after a quiet spell is published at once (its NOTIFY
    * wakes the relay). @default "25 millis"
    */
   readonly batchEvery?: Duration.Input
@@ -270,8 +270,9 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
  * process: two relays at 1,000 msg/s each see half. From 2026-12-04 to 12-06 the bar was 80 rows
  * (1,600 msg/s), for the relay's CPU; at 1,000 msg/s, 1 + 1, in one session (bench/cost.ts, the
  * hand-written pipeline as the control): commit → handler p99 69–77 ms at 80 (five runs), 36–37 ms
- * at 40 (two; 2 + 2: 67 against 36), all five parties 0.65–0.69× the hand-written pipeline's CPU at
- * both, the relay's own 1.06–1.27× against 1.39× (docs/benchmarks.md has the A/B).
+ * at 40 (two; 2 + 2: 67 against 36; bench/all.ts's medians 43 and 45), all five parties 0.65–0.69×
+ * the hand-written pipeline's CPU at 80 and 0.67 at 40 (0.81 in bench/all.ts's medians), the
+ * relay's own 1.06–1.27× against 1.39–1.83× (docs/benchmarks.md has the A/B).
  */
 const FEW_ROWS = 40
 /**
