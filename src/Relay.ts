@@ -79,8 +79,9 @@ export interface RelayConfig {
    * default looks every 25 ms, commit → handler p99 36–52 ms; "10 millis" (every 20 ms) gave 29 ms;
    * looks every 50 ms 66–77 ms. All five parties' CPU per message was 0.67–0.81× the hand-written
    * pipeline's at 25 ms, 0.65–0.69× at 50; the relay's own 1.4–1.8× the hand-written relay's at
-   * 25 ms, 1.1–1.3× at 50 (docs/benchmarks.md). The first commit after a quiet spell is published at once (its NOTIFY
-   * wakes the relay). @default "25 millis"
+   * 25 ms, 1.1–1.3× at 50; in a back-to-back A/B the 25 ms looks cost 7 % more CPU per message
+   * in all (docs/benchmarks.md). The first commit after a quiet spell is published at once (its
+   * NOTIFY wakes the relay). @default "25 millis"
    */
   readonly batchEvery?: Duration.Input
   /** Per-message retries, persisted in `visible_at`. @default defaultRetryPolicy */
@@ -272,7 +273,9 @@ export const resolveConfig = (c: RelayConfig): Effect.Effect<ResolvedRelayConfig
  * hand-written pipeline as the control): commit → handler p99 69–77 ms at 80 (five runs), 36–37 ms
  * at 40 (two; 2 + 2: 67 against 36; bench/all.ts's medians 43 and 45), all five parties 0.65–0.69×
  * the hand-written pipeline's CPU at 80 and 0.67 at 40 (0.81 in bench/all.ts's medians), the
- * relay's own 1.06–1.27× against 1.39–1.83× (docs/benchmarks.md has the A/B).
+ * relay's own 1.06–1.27× against 1.39–1.83×. A back-to-back A/B of three rounds each: p99 65 → 37
+ * ms, all five 829 → 889 µs per message (+7 %; 0.71 → 0.81× the hand-written). The latency is what
+ * every user of the relay sees; `batchEvery: "50 millis"` buys the CPU back (docs/benchmarks.md).
  */
 const FEW_ROWS = 40
 /**
