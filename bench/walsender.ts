@@ -11,9 +11,8 @@
 //
 //   bun bench/walsender.ts [--quick] [--rates 250,1000,3000] [--seconds 15]
 import { type ChildProcess, spawn, spawnSync } from "node:child_process"
-import { existsSync } from "node:fs"
 import { join } from "node:path"
-import { startLocalPostgres } from "../test/support/postgres.ts"
+import { postgresBinary, startLocalPostgres } from "../test/support/postgres.ts"
 import { treeSeconds } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
 import { log, main, parseArgs, printTable, round, sleep, writeResult } from "./support/harness.ts"
@@ -28,10 +27,10 @@ const config = {
   seconds: args.number("seconds", quick ? 3 : 15),
 }
 
-const BIN_DIR = process.env.TXBOX_TEST_PG_BINDIR ?? "/usr/lib/postgresql/15/bin"
 const binary = (name: string): string => {
-  const path = join(BIN_DIR, name)
-  if (!existsSync(path)) throw new Error(`${name} not found in ${BIN_DIR} (set TXBOX_TEST_PG_BINDIR)`)
+  const path = postgresBinary(name)
+  if (path === undefined)
+    throw new Error(`${name} not found (install postgresql-15 or set TXBOX_TEST_PG_BINDIR)`)
   return path
 }
 

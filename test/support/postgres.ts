@@ -45,19 +45,23 @@ const BIN_DIRS = ["/usr/lib/postgresql/15/bin"]
 export const POSTGRES_INSTALL_HINT =
   "install PostgreSQL 15 (apt-get install -y postgresql-15, for initdb and pg_ctl) or set TXBOX_TEST_DATABASE_URL"
 
+const binDirs = (): string[] =>
+  process.env.TXBOX_TEST_PG_BINDIR ? [process.env.TXBOX_TEST_PG_BINDIR, ...BIN_DIRS] : BIN_DIRS
+
+/** A PostgreSQL binary (`initdb`, `pgbench`, …): TXBOX_TEST_PG_BINDIR, then the usual dirs, then PATH. */
+export function postgresBinary(name: string): string | undefined {
+  return findExecutable(
+    name,
+    binDirs().map((dir) => join(dir, name)),
+  )
+}
+
 function binaries(): { initdb: string; pgCtl: string } {
-  const dirs = process.env.TXBOX_TEST_PG_BINDIR ? [process.env.TXBOX_TEST_PG_BINDIR, ...BIN_DIRS] : BIN_DIRS
-  const initdb = findExecutable(
-    "initdb",
-    dirs.map((dir) => join(dir, "initdb")),
-  )
-  const pgCtl = findExecutable(
-    "pg_ctl",
-    dirs.map((dir) => join(dir, "pg_ctl")),
-  )
+  const initdb = postgresBinary("initdb")
+  const pgCtl = postgresBinary("pg_ctl")
   if (initdb === undefined || pgCtl === undefined) {
     throw new Error(
-      `PostgreSQL binaries not found (looked in ${dirs.join(", ")} and PATH): ${POSTGRES_INSTALL_HINT}`,
+      `PostgreSQL binaries not found (looked in ${binDirs().join(", ")} and PATH): ${POSTGRES_INSTALL_HINT}`,
     )
   }
   return { initdb, pgCtl }

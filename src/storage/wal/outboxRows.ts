@@ -66,8 +66,8 @@ const fastTimestamp = (text: string): number => {
     i++
     // Milliseconds from the first three digits of the fraction; the µs are dropped.
     let scale = 100
-    while (digit(text, i) >= 0) {
-      ms += digit(text, i) * scale
+    for (let d = digit(text, i); d >= 0; d = digit(text, i)) {
+      ms += d * scale
       scale /= 10
       i++
     }
