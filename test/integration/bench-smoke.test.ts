@@ -66,6 +66,7 @@ describe("bench scripts --quick", () => {
     "retention",
     "idle",
     "walsender",
+    "wake",
     "vacuum",
     "snapshot",
   ]) {
