@@ -1,8 +1,8 @@
 // What a wake-up costs a process here: the CPU a JavaScript process is charged (getrusage) for
 // sleeping on a timer and waking, and for a PostgreSQL round trip (`SELECT 1` on node-postgres)
 // made back to back or after such a sleep, with the server's backend beside it (/proc). On the
-// 2-core VM of the benches the second figure grows with the sleep before it: the sleep leaves the
-// caches to other work, and the wake-up pays to refill them. So a process that wakes 40 times a
+// 2-core VM of the benches the second figure grows with the sleep before it (caches gone cold,
+// the hypervisor's way back from idle: not told apart here). So a process that wakes 40 times a
 // second for a little work each time pays more per message than one that wakes 20 times for twice
 // as much: the relay's looks (bench/cost.ts), a producer at a low rate.
 //
