@@ -11,6 +11,7 @@ import {
   parseLsn,
   statusUpdate,
 } from "../../src/storage/wal/pgoutput.ts"
+import { logRow } from "../support/outboxLogRow.ts"
 
 const encoder = new TextEncoder()
 
@@ -298,20 +299,7 @@ describe("pgoutput framing", () => {
 })
 
 describe("publishesAtOnce", () => {
-  const base = {
-    id: "a",
-    type: "t",
-    version: 1,
-    payload: "{}",
-    headers: {},
-    routingKey: null,
-    partitionKey: null,
-    tenantId: null,
-    occurredAt: new Date(1000),
-    visibleAt: new Date(1000),
-    attempts: 0,
-    status: "pending" as const,
-  }
+  const base = logRow({ occurredAt: new Date(1000) })
   test("a fresh pending row is the log's; a delayed, retried or settled one is the sweep's", () => {
     expect(publishesAtOnce(base)).toBe(true)
     expect(publishesAtOnce({ ...base, visibleAt: new Date(500) })).toBe(true)

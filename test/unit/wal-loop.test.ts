@@ -5,10 +5,11 @@ import { Effect, Fiber } from "effect"
 import { makeLoopState } from "../../src/core/leaseLoop.ts"
 import { makeRelayCounters, type RelaySettings } from "../../src/core/relayCycle.ts"
 import { runWalLoop } from "../../src/core/walRelay.ts"
-import type { OutboxLogBatch, OutboxLogRow, OutboxLogShape } from "../../src/ports/OutboxLog.ts"
+import type { OutboxLogBatch, OutboxLogShape } from "../../src/ports/OutboxLog.ts"
 import type { OutboxMark } from "../../src/ports/OutboxStore.ts"
 import type { TransportShape } from "../../src/ports/Transport.ts"
 import { makeRetryPolicy } from "../../src/Retry.ts"
+import { logRow } from "../support/outboxLogRow.ts"
 
 const settings: RelaySettings = {
   batchSize: 100,
@@ -16,24 +17,6 @@ const settings: RelaySettings = {
   statementTimeoutMs: 5_000,
   retry: makeRetryPolicy(),
   outage: makeRetryPolicy({ initialDelay: "10 millis", maxDelay: "10 millis" }),
-}
-
-const row = (id: string): OutboxLogRow => {
-  const at = new Date()
-  return {
-    id,
-    type: "test.event",
-    version: 1,
-    payload: "{}",
-    headers: {},
-    routingKey: null,
-    partitionKey: null,
-    tenantId: null,
-    occurredAt: at,
-    visibleAt: at,
-    attempts: 0,
-    status: "pending",
-  }
 }
 
 /** What happened, in order: "publish a", "settled a" (its settle ended), "confirm 1". */
@@ -84,7 +67,7 @@ const run = async (batches: ReadonlyArray<OutboxLogBatch>, settleMs: number, fai
 }
 
 const batch = (position: number, ...ids: string[]): OutboxLogBatch => ({
-  rows: ids.map(row),
+  rows: ids.map((id) => logRow({ id })),
   position: BigInt(position),
 })
 
