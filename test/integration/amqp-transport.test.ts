@@ -10,6 +10,7 @@ import {
   type Delivery,
   type DeliveryDecision,
   type OutgoingMessage,
+  type PublishOutcome,
   Transport,
 } from "../../src/ports/Transport.ts"
 import { BATCH_CONTENT_TYPE } from "../../src/transport/amqp/batch.ts"
@@ -457,6 +458,49 @@ describe("publish", () => {
       expect(result.after.map((o) => o._tag)).toEqual(["Confirmed"])
       const received = await drain(queue, 2)
       expect(received.map((m) => m.properties.messageId).sort()).toEqual([message(1).id, message(3).id])
+    } finally {
+      await proxy.close()
+    }
+  })
+
+  // The soak saw it once (2026-12-06): a consumer reconnected as RabbitMQ began to stop, the broker
+  // closed the new connection before the client's code ran again, and the transport took the closed
+  // connection for live from then on: every resubscribe failed on it, for good.
+  test("a connection closed by the broker in the same read as its handshake's end is lost, not kept: the transport connects again", async () => {
+    const exchange = freshExchange()
+    const queue = await boundQueue(exchange, "orders.#")
+    const target = new URL(amqpUrl())
+    const proxy = await startTcpProxy(target.hostname, Number(target.port || 5672))
+    try {
+      const result = await run(
+        {
+          url: proxy.urlFor(amqpUrl()),
+          exchange,
+          reconnect: { initialDelay: "50 millis", maxDelay: "200 millis" },
+        },
+        Effect.gen(function* () {
+          const transport = yield* Transport
+          const before = yield* transport.publish([message(1)])
+          // The next connection is closed as it opens; the one after it is left alone.
+          proxy.closeRightAfterOpen(1)
+          proxy.block()
+          yield* Effect.sleep(Duration.millis(100))
+          proxy.unblock()
+          // Past the reconnect that gets the Close and the one after it.
+          let after: ReadonlyArray<PublishOutcome> | undefined
+          for (let i = 0; i < 60 && after === undefined; i++) {
+            yield* Effect.sleep(Duration.millis(100))
+            const attempt = yield* Effect.exit(transport.publish([message(2)]))
+            if (Exit.isSuccess(attempt) && attempt.value.every((o) => o._tag === "Confirmed"))
+              after = attempt.value
+          }
+          return { before, after }
+        }),
+      )
+      expect(result.before.map((o) => o._tag)).toEqual(["Confirmed"])
+      expect(result.after?.map((o) => o._tag)).toEqual(["Confirmed"])
+      const received = await drain(queue, 2)
+      expect(received.map((m) => m.properties.messageId).sort()).toEqual([message(1).id, message(2).id])
     } finally {
       await proxy.close()
     }

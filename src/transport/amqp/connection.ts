@@ -257,6 +257,19 @@ const coalesceWrites = (model: ChannelModel): void => {
 
 const CONNECT = "AmqpTransport.connect"
 
+/**
+ * Whether amqplib closed the connection before its promise gave it to us. A broker that stops
+ * right after letting a client in sends Connection.Close behind Connection.OpenOk; read together,
+ * amqplib handles both in one go and emits `close` before our listeners exist (its `connect`
+ * resolves in a later microtask). Such a connection taken for live stays "connected" forever: every
+ * channel on it fails (the soak saw a consumer that never resubscribed). Reaches into amqplib's
+ * connection (`expectSocketClose`, set once it is closed or its socket failed), so it answers false
+ * where that differs.
+ */
+const closedAlready = (model: ChannelModel): boolean =>
+  (model as unknown as { readonly connection?: { readonly expectSocketClose?: unknown } }).connection
+    ?.expectSocketClose === true
+
 /** Connects to `url`; `onClose` runs synchronously on the connection's `close` event. */
 const openModel = (
   amqp: Amqplib,
@@ -289,6 +302,12 @@ const openModel = (
           coalesceWrites(model)
           // Interrupted while connecting: nobody will close this one but us.
           if (abandoned) model.close().catch(() => {})
+          else if (closedAlready(model))
+            resume(
+              Effect.fail(
+                transportError("connection", CONNECT, error ?? "closed by the broker as it opened"),
+              ),
+            )
           else resume(Effect.succeed({ model, lost, endpoint: endpointOf(url) }))
         },
         (cause: unknown) => resume(Effect.fail(transportError("connection", CONNECT, cause))),
