@@ -16,7 +16,7 @@ import {
 import { BATCH_CONTENT_TYPE } from "../../src/transport/amqp/batch.ts"
 import type { AmqpTransportConfig } from "../../src/transport/amqp/config.ts"
 import { amqpUrl, uniqueName } from "../support/db.ts"
-import { startTcpProxy } from "../support/tcpProxy.ts"
+import { startTcpProxy, type TcpProxy } from "../support/tcpProxy.ts"
 
 let raw: amqp.ChannelModel
 let admin: amqp.Channel
@@ -102,6 +102,27 @@ const run = <A, E>(
   Effect.runPromise(
     program.pipe(Effect.scoped, Effect.provide(AmqpTransport.layer(config))) as Effect.Effect<A>,
   )
+
+/** `program` on a transport that reaches the broker through a proxy the test can cut (quick reconnects). */
+const runThroughProxy = async <A, E>(
+  exchange: string,
+  program: (proxy: TcpProxy) => Effect.Effect<A, E, Transport | Scope.Scope>,
+): Promise<A> => {
+  const target = new URL(amqpUrl())
+  const proxy = await startTcpProxy(target.hostname, Number(target.port || 5672))
+  try {
+    return await run(
+      {
+        url: proxy.urlFor(amqpUrl()),
+        exchange,
+        reconnect: { initialDelay: "50 millis", maxDelay: "200 millis" },
+      },
+      program(proxy),
+    )
+  } finally {
+    await proxy.close()
+  }
+}
 
 /** Retries `check` until it passes or `timeoutMs` runs out. */
 const eventually = async (check: () => void | Promise<void>, timeoutMs = 10_000): Promise<void> => {
@@ -421,46 +442,35 @@ describe("publish", () => {
   test("after the connection is lost, publish fails fast, and succeeds again once it is back", async () => {
     const exchange = freshExchange()
     const queue = await boundQueue(exchange, "orders.#")
-    const target = new URL(amqpUrl())
-    const proxy = await startTcpProxy(target.hostname, Number(target.port || 5672))
-    try {
-      const result = await run(
-        {
-          url: proxy.urlFor(amqpUrl()),
-          exchange,
-          reconnect: { initialDelay: "50 millis", maxDelay: "200 millis" },
-        },
-        Effect.gen(function* () {
-          const transport = yield* Transport
-          const before = yield* transport.publish([message(1)])
-          proxy.block()
-          // The client notices the dropped socket at once (the proxy closes it).
-          yield* Effect.sleep(Duration.millis(100))
-          const whileDown = yield* transport.isConnected
-          const started = Date.now()
-          const failed = yield* Effect.exit(transport.publish([message(2)]))
-          const failedAfterMs = Date.now() - started
-          proxy.unblock()
-          let up = false
-          for (let i = 0; i < 100 && !up; i++) {
-            up = yield* transport.isConnected
-            if (!up) yield* Effect.sleep(Duration.millis(50))
-          }
-          const after = yield* transport.publish([message(3)])
-          return { before, whileDown, failed, failedAfterMs, up, after }
-        }),
-      )
-      expect(result.before.map((o) => o._tag)).toEqual(["Confirmed"])
-      expect(result.whileDown).toBe(false)
-      expect(Exit.isFailure(result.failed)).toBe(true)
-      expect(result.failedAfterMs).toBeLessThan(500)
-      expect(result.up).toBe(true)
-      expect(result.after.map((o) => o._tag)).toEqual(["Confirmed"])
-      const received = await drain(queue, 2)
-      expect(received.map((m) => m.properties.messageId).sort()).toEqual([message(1).id, message(3).id])
-    } finally {
-      await proxy.close()
-    }
+    const result = await runThroughProxy(exchange, (proxy) =>
+      Effect.gen(function* () {
+        const transport = yield* Transport
+        const before = yield* transport.publish([message(1)])
+        proxy.block()
+        // The client notices the dropped socket at once (the proxy closes it).
+        yield* Effect.sleep(Duration.millis(100))
+        const whileDown = yield* transport.isConnected
+        const started = Date.now()
+        const failed = yield* Effect.exit(transport.publish([message(2)]))
+        const failedAfterMs = Date.now() - started
+        proxy.unblock()
+        let up = false
+        for (let i = 0; i < 100 && !up; i++) {
+          up = yield* transport.isConnected
+          if (!up) yield* Effect.sleep(Duration.millis(50))
+        }
+        const after = yield* transport.publish([message(3)])
+        return { before, whileDown, failed, failedAfterMs, up, after }
+      }),
+    )
+    expect(result.before.map((o) => o._tag)).toEqual(["Confirmed"])
+    expect(result.whileDown).toBe(false)
+    expect(Exit.isFailure(result.failed)).toBe(true)
+    expect(result.failedAfterMs).toBeLessThan(500)
+    expect(result.up).toBe(true)
+    expect(result.after.map((o) => o._tag)).toEqual(["Confirmed"])
+    const received = await drain(queue, 2)
+    expect(received.map((m) => m.properties.messageId).sort()).toEqual([message(1).id, message(3).id])
   })
 
   // The soak saw it once (2026-12-06): a consumer reconnected as RabbitMQ began to stop, the broker
@@ -469,41 +479,30 @@ describe("publish", () => {
   test("a connection closed by the broker in the same read as its handshake's end is lost, not kept: the transport connects again", async () => {
     const exchange = freshExchange()
     const queue = await boundQueue(exchange, "orders.#")
-    const target = new URL(amqpUrl())
-    const proxy = await startTcpProxy(target.hostname, Number(target.port || 5672))
-    try {
-      const result = await run(
-        {
-          url: proxy.urlFor(amqpUrl()),
-          exchange,
-          reconnect: { initialDelay: "50 millis", maxDelay: "200 millis" },
-        },
-        Effect.gen(function* () {
-          const transport = yield* Transport
-          const before = yield* transport.publish([message(1)])
-          // The next connection is closed as it opens; the one after it is left alone.
-          proxy.closeRightAfterOpen(1)
-          proxy.block()
+    const result = await runThroughProxy(exchange, (proxy) =>
+      Effect.gen(function* () {
+        const transport = yield* Transport
+        const before = yield* transport.publish([message(1)])
+        // The next connection is closed as it opens; the one after it is left alone.
+        proxy.closeRightAfterOpen(1)
+        proxy.block()
+        yield* Effect.sleep(Duration.millis(100))
+        proxy.unblock()
+        // Past the reconnect that gets the Close and the one after it.
+        let after: ReadonlyArray<PublishOutcome> | undefined
+        for (let i = 0; i < 60 && after === undefined; i++) {
           yield* Effect.sleep(Duration.millis(100))
-          proxy.unblock()
-          // Past the reconnect that gets the Close and the one after it.
-          let after: ReadonlyArray<PublishOutcome> | undefined
-          for (let i = 0; i < 60 && after === undefined; i++) {
-            yield* Effect.sleep(Duration.millis(100))
-            const attempt = yield* Effect.exit(transport.publish([message(2)]))
-            if (Exit.isSuccess(attempt) && attempt.value.every((o) => o._tag === "Confirmed"))
-              after = attempt.value
-          }
-          return { before, after }
-        }),
-      )
-      expect(result.before.map((o) => o._tag)).toEqual(["Confirmed"])
-      expect(result.after?.map((o) => o._tag)).toEqual(["Confirmed"])
-      const received = await drain(queue, 2)
-      expect(received.map((m) => m.properties.messageId).sort()).toEqual([message(1).id, message(2).id])
-    } finally {
-      await proxy.close()
-    }
+          const attempt = yield* Effect.exit(transport.publish([message(2)]))
+          if (Exit.isSuccess(attempt) && attempt.value.every((o) => o._tag === "Confirmed"))
+            after = attempt.value
+        }
+        return { before, after }
+      }),
+    )
+    expect(result.before.map((o) => o._tag)).toEqual(["Confirmed"])
+    expect(result.after?.map((o) => o._tag)).toEqual(["Confirmed"])
+    const received = await drain(queue, 2)
+    expect(received.map((m) => m.properties.messageId).sort()).toEqual([message(1).id, message(2).id])
   })
 
   test("messages in flight when the connection dies are Interrupted, and the batch still completes", async () => {
