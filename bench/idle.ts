@@ -3,15 +3,17 @@
 // PostgreSQL (and what the WAL slot holds at the end). A PostgreSQL of the bench's own with
 // wal_level = logical, for both sources. Source "inbox": one idle consumer process instead (an
 // idempotent inbox with the defaults, nothing published), what each consumer process costs with
-// nothing to do (issue #25).
+// nothing to do (issue #25). Sources "hand-relay" and "hand-inbox": bench/cost.ts's hand-written
+// relay and inbox (support/hand*.ts), the floor a process with no timers of its own sits on.
 //
-//   bun bench/idle.ts [--quick] [--seconds 30] [--settle 5] [--sources poll,wal,inbox]
+//   bun bench/idle.ts [--quick] [--seconds 30] [--settle 5] [--sources poll,wal,inbox,hand-relay,hand-inbox]
 
 import { startLocalPostgres } from "../test/support/postgres.ts"
 import { deleteTopology, uniqueName } from "./support/amqp.ts"
 import { defaultInboxEnv, defaultRelayEnv, type RelayStatsLine, spawnChild } from "./support/children.ts"
 import { cpuMeter, portOf } from "./support/cpu.ts"
 import { createBenchDatabase } from "./support/db.ts"
+import { HAND_SCHEMA_SQL, PIPELINE_TABLES_SQL } from "./support/hand.ts"
 import {
   log,
   main,
@@ -28,8 +30,10 @@ const quick = args.quick
 const config = {
   seconds: args.number("seconds", quick ? 3 : 30),
   settleSeconds: args.number("settle", quick ? 1 : 5),
-  sources: args.string("sources", "poll,wal,inbox").split(",") as Array<"poll" | "wal" | "inbox">,
+  sources: args.string("sources", "poll,wal,inbox,hand-relay,hand-inbox").split(",") as Array<Source>,
 }
+
+type Source = "poll" | "wal" | "inbox" | "hand-relay" | "hand-inbox"
 
 interface Row {
   readonly source: string
@@ -50,32 +54,49 @@ main(() =>
       for (const source of config.sources) {
         const bench = await createBenchDatabase(local.url, `idle_${source}`)
         const exchange = uniqueName("bench_idle")
+        const handQueue = uniqueName("bench_idle_hand")
+        if (source.startsWith("hand-")) await bench.sql.unsafe(`${PIPELINE_TABLES_SQL}${HAND_SCHEMA_SQL}`)
         const relay =
-          source === "inbox"
-            ? spawnChild<RelayStatsLine>(
-                "inboxProcess.ts",
-                defaultInboxEnv({
-                  dbUrl: bench.url,
-                  listenUrl: bench.url,
-                  amqpUrl: services.amqpUrl,
-                  exchange,
-                  consumer: uniqueName("bench_idle_inbox"),
-                  statsMs: 1000,
-                }),
-              )
-            : spawnChild<RelayStatsLine>("relayProcess.ts", {
-                ...defaultRelayEnv({
-                  dbUrl: bench.url,
-                  listenUrl: bench.url,
-                  amqpUrl: services.amqpUrl,
-                  exchange,
-                }),
-                ...(source === "wal" ? { SOURCE: "wal" } : {}),
+          source === "hand-relay"
+            ? spawnChild<RelayStatsLine>("handRelayProcess.ts", {
+                DB_URL: bench.url,
+                AMQP_URL: services.amqpUrl,
+                EXCHANGE: exchange,
+                STATS_MS: "1000",
               })
+            : source === "hand-inbox"
+              ? spawnChild<RelayStatsLine>("handInboxProcess.ts", {
+                  DB_URL: bench.url,
+                  AMQP_URL: services.amqpUrl,
+                  EXCHANGE: exchange,
+                  QUEUE: handQueue,
+                  STATS_MS: "1000",
+                })
+              : source === "inbox"
+                ? spawnChild<RelayStatsLine>(
+                    "inboxProcess.ts",
+                    defaultInboxEnv({
+                      dbUrl: bench.url,
+                      listenUrl: bench.url,
+                      amqpUrl: services.amqpUrl,
+                      exchange,
+                      consumer: uniqueName("bench_idle_inbox"),
+                      statsMs: 1000,
+                    }),
+                  )
+                : spawnChild<RelayStatsLine>("relayProcess.ts", {
+                    ...defaultRelayEnv({
+                      dbUrl: bench.url,
+                      listenUrl: bench.url,
+                      amqpUrl: services.amqpUrl,
+                      exchange,
+                    }),
+                    ...(source === "wal" ? { SOURCE: "wal" } : {}),
+                  })
         try {
           await relay.ready
-          // The inbox consumes once subscribed (its ready line); a relay waits for the word.
-          if (source !== "inbox") relay.send("go")
+          // An inbox consumes once subscribed (its ready line); a relay waits for the word.
+          if (!source.endsWith("inbox")) relay.send("go")
           await relay.waitFor("the process to start", (line) => line.event === "stats", 30_000)
           await sleep(config.settleSeconds * 1000)
           const claimsBefore = relay.latest()?.claims ?? 0
@@ -90,7 +111,10 @@ main(() =>
             source,
             relayMsPerS: use.perChild[0] === undefined ? undefined : use.perChild[0] * 1000,
             postgresMsPerS: use.postgres === undefined ? undefined : use.postgres * 1000,
-            claims: source === "inbox" ? undefined : (relay.latest()?.claims ?? 0) - claimsBefore,
+            claims:
+              source !== "poll" && source !== "wal"
+                ? undefined
+                : (relay.latest()?.claims ?? 0) - claimsBefore,
             retainedBytes: retained[0]?.bytes ?? undefined,
           }
           rows.push(row)
@@ -104,7 +128,10 @@ main(() =>
             await bench.sql`SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
               WHERE NOT active AND database = current_database()`.catch(() => undefined)
           }
-          await deleteTopology(services.amqpUrl, { queues: [], exchanges: [exchange] })
+          await deleteTopology(services.amqpUrl, {
+            queues: source === "hand-inbox" ? [handQueue] : [],
+            exchanges: [exchange],
+          })
           await bench.drop()
         }
       }
