@@ -69,6 +69,14 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
   readonly batchSize: number
   /** Longest wait between cycles when no wake-up arrives. */
   readonly pollMs: number
+  /**
+   * A loop with no follow-up looks (`relookMs` 0): the longest wait after a cycle that claimed
+   * nothing, while its wake-ups are heard (`hearing`) and `nextDueMs` says no row is due now. Every row that arrives then notifies, so
+   * the poll only finds rows due by time, which the probe already waits for. A row due now that
+   * the last cycle did not claim (held by another claim, or waiting for its key's predecessor)
+   * keeps the `pollMs` cadence. @default pollMs
+   */
+  readonly hearingPollMs?: number
   /** After a cycle that claimed rows, look again this often… */
   readonly relookMs?: number
   /** …for this long after it… @default relookMs */
@@ -262,6 +270,23 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
       Effect.catchCause(() => Effect.succeed(waitMs)),
     )
   }
+  // While wake-ups are heard, the poll stretches to `hearingPollMs`, cut short when a row comes due.
+  const heardWait = (): Effect.Effect<number> => {
+    const long = loop.hearingPollMs
+    const probe = loop.nextDueMs
+    if (long === undefined || long <= loop.pollMs || probe === undefined || loop.hearing?.() !== true)
+      return untilDue(loop.pollMs)
+    return probe.pipe(
+      Effect.map((dueMs) =>
+        dueMs === undefined
+          ? long
+          : dueMs <= 0
+            ? loop.pollMs
+            : Math.min(long, Math.max(Math.ceil(dueMs), dueFloorMs)),
+      ),
+      Effect.catchCause(() => Effect.succeed(loop.pollMs)),
+    )
+  }
   // This worker looks again every `wait` for hotMs from `now`, then at doubling intervals until warmMs.
   const heatUp = (now: number, wait: number) => {
     hotUntil = now + hotMs
@@ -276,7 +301,8 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
       loop.wake.nudge()
       return Effect.yieldNow
     }
-    if (relookMs === 0) return Effect.flatMap(untilDue(loop.pollMs), loop.wake.wait)
+    if (relookMs === 0)
+      return Effect.flatMap(claimed === 0 ? heardWait() : untilDue(loop.pollMs), loop.wake.wait)
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
       lastEnd = now
       if (claimed > 0) {

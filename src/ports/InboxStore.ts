@@ -214,6 +214,13 @@ export interface InboxStoreShape {
     /** Told whether the wake-ups are heard (`Database.listen`'s `onHearing`). */
     onHearing?: (hears: boolean) => void,
   ) => Effect.Effect<void, StoreError, Scope.Scope>
+  /**
+   * Ms until `consumer`'s earliest pending row comes due (≤ 0: one is due now), or undefined when
+   * none is pending: a row due by time (a retry's backoff, a lease that ran out) wakes nobody, so
+   * an idle processor whose wake-ups are heard waits for it instead of polling. Optional: without
+   * it the processor polls every `pollInterval`.
+   */
+  readonly nextDueMs?: (consumer: string) => Effect.Effect<number | undefined, StoreError>
 }
 
 // The base class in a variable with its type spelled out: JSR's fast check infers no type from a call.

@@ -13,6 +13,7 @@ import * as Inbox from "../../src/Inbox.ts"
 import { Database } from "../../src/ports/Database.ts"
 import { InboxStore } from "../../src/ports/InboxStore.ts"
 import { Transport } from "../../src/ports/Transport.ts"
+import { redriveDead } from "../../src/storage/sql/operations.ts"
 import * as SqlInboxStore from "../../src/storage/sql/SqlInboxStore.ts"
 import * as AmqpTransport from "../../src/transport/amqp/AmqpTransport.ts"
 import { encodeBatches } from "../../src/transport/amqp/batch.ts"
@@ -580,6 +581,69 @@ for (const mode of ["idempotent", "store-then-process"] as const satisfies Reado
     })
   })
 }
+
+// An idle processor whose NOTIFY is heard polls ten times less often than `pollInterval` (Inbox.ts,
+// HEARD_POLL_FACTOR: 10 s here). Neither a retry due by time (the probe for the next due row) nor a
+// redriven row (redrive notifies) may wait for that poll.
+test("store-then-process, idle and heard: a retry runs when it is due and a redrive at once, not at the next 10 s poll", async () => {
+  const exchange = uniqueName("inbox-heard")
+  const consumer = uniqueName("heard")
+  const accepted = new Set<string>()
+  const firstFailure = new Map<string, number>()
+  const handler = Inbox.handler(Note, ({ payload, envelope, trx }) => {
+    if (!accepted.has(payload.note)) {
+      if (!firstFailure.has(payload.note)) firstFailure.set(payload.note, Date.now())
+      return Effect.fail(new Error(`not yet: ${payload.note}`))
+    }
+    return Effect.promise(() =>
+      sql`INSERT INTO effects (consumer, message_id, note) VALUES (${consumer}, ${envelope.id}, ${payload.note})`.execute(
+        trx,
+      ),
+    )
+  })
+  const runtime = startInbox(exchange, {
+    consumer,
+    mode: "store-then-process",
+    pollInterval: "1 second",
+    retry: { initialDelay: "4 seconds", maxDelay: "4 seconds", maxAttempts: 2 },
+    handlers: [handler],
+  })
+  await runtime.runPromise(Effect.void)
+  try {
+    // A retry 4 s after the first attempt: the processor polls once (1 s after a cycle that
+    // claimed a row), finds nothing due, and waits for the row rather than for 10 s.
+    const retried = note("heard-retry")
+    await publish(exchange, [retried])
+    await eventually("the first attempt", async () => firstFailure.has("heard-retry"), 15_000)
+    accepted.add("heard-retry")
+    await eventually("the retry", async () => (await effectsOf(consumer)).has(retried.id), 20_000)
+    const retryAfter = Date.now() - firstFailure.get("heard-retry")!
+    expect(retryAfter).toBeGreaterThan(2_500)
+    expect(retryAfter).toBeLessThan(8_000)
+
+    // Dead after its two attempts; then the processor is idle, nothing pending: a long wait.
+    const redriven = note("heard-redrive")
+    await publish(exchange, [redriven])
+    await eventually("dead", async () => (await inboxRow(consumer, redriven.id))?.status === "dead", 20_000)
+    await Bun.sleep(1_500)
+    accepted.add("heard-redrive")
+    const ops = ManagedRuntime.make(storeLayer(t.url))
+    const count = await ops
+      .runPromise(
+        Effect.gen(function* () {
+          return yield* redriveDead(yield* Database, { table: "inbox", consumer }, 10)
+        }),
+      )
+      .finally(() => ops.dispose())
+    expect(count).toBe(1)
+    const redrivenAt = Date.now()
+    await eventually("the redriven row", async () => (await effectsOf(consumer)).has(redriven.id), 20_000)
+    expect(Date.now() - redrivenAt).toBeLessThan(4_000)
+    expect((await effectsOf(consumer)).get(redriven.id)).toBe(1)
+  } finally {
+    await runtime.dispose()
+  }
+}, 90_000)
 
 test("the same message to two different consumers runs each consumer's handler once", async () => {
   const exchange = uniqueName("inbox-fanout")

@@ -30,6 +30,10 @@ const cycleTimes = (
     leads?: (cycle: number) => boolean
     /** Whether the loop's wake-ups are heard (its LISTEN works). */
     hearing?: boolean
+    /** The longest wait of a loop without second looks while heard (`LeaseLoop.hearingPollMs`). */
+    hearingPollMs?: number
+    /** What the probe for due rows answers when none is pending (instead of `nextDueMs`). */
+    nonePending?: boolean
   } = {},
 ) =>
   Effect.runPromise(
@@ -54,6 +58,8 @@ const cycleTimes = (
         ...(options.covered === undefined ? {} : { covered: () => options.covered!(i - 1) }),
         ...(options.leads === undefined ? {} : { leads: () => options.leads!(i - 1) }),
         ...(options.nextDueMs === undefined ? {} : { nextDueMs: Effect.succeed(options.nextDueMs) }),
+        ...(options.nonePending ? { nextDueMs: Effect.succeed(undefined) } : {}),
+        ...(options.hearingPollMs === undefined ? {} : { hearingPollMs: options.hearingPollMs }),
         ...(options.hearing === undefined ? {} : { hearing: () => options.hearing! }),
         outage: defaultRetryPolicy,
         wake,
@@ -374,4 +380,41 @@ test("the default 1 s poll never probes for due rows", async () => {
   expect(probes).toBe(0)
   // The row waits for the poll at 3000: at most a second, as before.
   expect(times).toEqual([0, 1_000, 2_000, 3_000])
+})
+
+// An idle inbox processor whose NOTIFY is heard (Inbox.ts: hearingPollMs = 10 × pollInterval): every
+// row that arrives or is redriven notifies, and the probe for due rows covers retries and leases.
+test("heard, nothing pending: a loop without second looks polls every hearingPollMs after an empty cycle", async () => {
+  const times = await cycleTimes([], 25_000, { hearing: true, hearingPollMs: 10_000, nonePending: true })
+  expect(times).toEqual([0, 10_000, 20_000])
+})
+
+test("deaf (its LISTEN lost), the same loop polls every pollMs", async () => {
+  const times = await cycleTimes([], 3_500, { hearing: false, hearingPollMs: 10_000, nonePending: true })
+  expect(times).toEqual([0, 1_000, 2_000, 3_000])
+})
+
+test("heard, a row due by time: the wait ends when it comes due, within hearingPollMs", async () => {
+  const times = await cycleTimes([], 8_000, { hearing: true, hearingPollMs: 10_000, nextDueMs: 2_500 })
+  expect(times).toEqual([0, 2_500, 5_000, 7_500])
+})
+
+test("heard, a row due now that the cycle did not claim (held, or waiting for its key): polls every pollMs, no spin", async () => {
+  const times = await cycleTimes([], 3_500, { hearing: true, hearingPollMs: 10_000, nextDueMs: 0 })
+  expect(times).toEqual([0, 1_000, 2_000, 3_000])
+})
+
+test("heard: after a cycle that claimed rows the next look is at pollMs; the empty one after it waits hearingPollMs", async () => {
+  const times = await cycleTimes([5], 12_500, { hearing: true, hearingPollMs: 10_000, nonePending: true })
+  expect(times).toEqual([0, 1_000, 11_000])
+})
+
+test("heard, a NOTIFY still ends the long wait at once", async () => {
+  const times = await cycleTimes([], 6_000, {
+    hearing: true,
+    hearingPollMs: 10_000,
+    nonePending: true,
+    notifyAt: [4_000],
+  })
+  expect(times).toEqual([0, 4_000])
 })

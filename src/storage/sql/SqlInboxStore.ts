@@ -912,6 +912,24 @@ export const dueQuery = (
     )
     .compile()
 
+/**
+ * Seconds until `consumer`'s earliest pending row comes due (negative: one is due; null: none is
+ * pending): the first entry of `inbox_due` for the consumer, like the outbox's `nextDueQuery`.
+ */
+export const nextDueQuery = (
+  db: Kysely<TxboxDatabase>,
+  { consumer }: { readonly consumer: string },
+): CompiledQuery<{ due: number | string | null }> =>
+  db
+    .selectFrom("inbox as w")
+    // extract(epoch FROM …) is no function call Kysely can build.
+    .select((eb) =>
+      sql<number | string | null>`extract(epoch FROM ${eb.fn.min("w.visible_at")} - now())`.as("due"),
+    )
+    .where("w.consumer", "=", consumer)
+    .where("w.status", "=", pending)
+    .compile()
+
 /** Per consumer, how far back its claims look (claimWindow.ts, as the relay's). */
 const claimWindows = () => {
   const windows = new Map<string, ClaimWindow>()
@@ -952,6 +970,10 @@ export interface InboxStatements {
   >
   /** Before a claim that follows an empty one: whether there is anything to claim at all. */
   readonly due: (params: Parameters<typeof dueQuery>[1]) => CompiledQuery<{ due: boolean }>
+  /** Before an idle processor's long wait: when the next pending row comes due. */
+  readonly nextDue: (
+    params: Parameters<typeof nextDueQuery>[1],
+  ) => CompiledQuery<{ due: number | string | null }>
   readonly release: (params: Parameters<typeof releaseQuery>[1]) => CompiledQuery
   readonly releaseSome: (params: Parameters<typeof releaseSomeQuery>[1]) => CompiledQuery
   readonly park: (params: Parameters<typeof parkQuery>[1]) => CompiledQuery
@@ -1009,6 +1031,7 @@ export const statements = (db: Kysely<TxboxDatabase>): InboxStatements => ({
   }),
   claim: claimStatements(db),
   due: prepare(db, dueQuery, { consumer: "\0consumer", sinceMs: -1 }),
+  nextDue: prepare(db, nextDueQuery, { consumer: "\0consumer" }),
   release: prepare(db, releaseQuery, { consumer: "\0consumer", token: "\0token" }),
   releaseSome: prepare(db, releaseSomeQuery, { consumer: "\0consumer", token: "\0token", keys: "\0keys" }),
   park: prepare(db, parkQuery, { consumer: "\0consumer", waitedMs: -1 }),
@@ -1269,6 +1292,12 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
       tryStore("InboxStore.bindings", () => recordBindings(db, consumer, patterns, onOrderedDead)),
     // The trigger's channel (migration 0011), named by the database: its md5 is the one the trigger takes.
     keepPartitions: (options) => partitions.keepInboxPartitions(database, options),
+    nextDueMs: (consumer) =>
+      tryStore("InboxStore.nextDue", async () => {
+        // numeric comes back as a string from some drivers.
+        const due = (await db.executeQuery(q.nextDue({ consumer }))).rows[0]?.due
+        return due === null || due === undefined ? undefined : Number(due) * 1000
+      }),
     wakeups: (consumer, onWake, onHearing) =>
       Effect.flatMap(
         tryStore("InboxStore.wakeups", async () => {

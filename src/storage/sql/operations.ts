@@ -688,10 +688,28 @@ export const redriveDead = (
             .whereRef("i.message_id", "=", "picked.message_id")
             .whereRef("i.consumer", "=", "picked.consumer")
             .where("i.status", "=", DEAD)
-            .executeTakeFirst()
+            .returning("i.consumer")
+            .execute()
+            .then(async (rows) => {
+              await wakeConsumers(db, new Set(rows.map((r) => r.consumer)))
+              return { numUpdatedRows: BigInt(rows.length) }
+            })
     const live = int(result.numUpdatedRows)
     return live < limit ? live + (await restoreArchived(db, filter, limit - live)) : live
   })
+
+/**
+ * Wakes the processors of `consumers` now (migration 0011's channel, as the trigger names it), as
+ * a stored row does: an idle processor whose NOTIFY is heard polls seldom. Restored archive rows
+ * need none: they are inserted, and the trigger notifies.
+ */
+const wakeConsumers = async (db: DatabaseShape, consumers: ReadonlySet<string>): Promise<void> => {
+  for (const consumer of consumers) {
+    await sql`SELECT pg_notify('txbox_inbox_' || left(md5(${db.schema}::text || '.' || ${consumer}::text), 24), '')`.execute(
+      db.db as Kysely<TxboxDatabase>,
+    )
+  }
+}
 
 /** Columns a restored archive row gets anew: pending, due now, a fresh budget, no lease. */
 const RESTORED: Readonly<Record<string, string>> = {
