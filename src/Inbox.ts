@@ -26,8 +26,8 @@
  */
 import { type Duration, Effect, Layer, Schedule, type Scope } from "effect"
 import { type AnyContract, makeRegistry } from "./Contract.ts"
-import * as config from "./core/config.ts"
 import { bounded } from "./core/bounded.ts"
+import * as config from "./core/config.ts"
 import { indexHandlers } from "./core/decodeDelivery.ts"
 import type { Handler } from "./core/handler.ts"
 import { makeConsumer, makeInboxCounters } from "./core/inboxConsumer.ts"
@@ -80,7 +80,12 @@ export interface InboxConfig {
   readonly batchSize?: number
   /** Processor: how long a claim holds its rows. @default "30 seconds" */
   readonly lease?: Duration.Input
-  /** Processor: fallback poll when no NOTIFY arrives (idempotent mode: how often it looks for redriven rows). @default "1 second" */
+  /**
+   * Processor: fallback poll when no NOTIFY arrives. While its LISTEN works and nothing is pending,
+   * an idle processor polls ten times less often (at most every 30 s): stored and redriven rows
+   * notify, and a row due by time (a retry's backoff, a lease run out) is claimed when it comes
+   * due. @default "1 second"
+   */
   readonly pollInterval?: Duration.Input
   /** Processor: handlers run at once, each in its own transaction. @default 4 */
   readonly processorConcurrency?: number
@@ -302,6 +307,20 @@ const HEARD_POLL_FACTOR = 10
 /** …and never less often than this on that account (a longer `pollInterval` stays as it is). */
 const HEARD_POLL_MAX_MS = 30_000
 
+const heardPollOf = (c: ResolvedInboxConfig): number =>
+  Math.max(c.pollMs, Math.min(c.pollMs * HEARD_POLL_FACTOR, HEARD_POLL_MAX_MS))
+
+/** The processor's probe for its next due row, bounded like a statement, when the store has one. */
+const nextDueOf = (store: InboxStore["Service"], c: ResolvedInboxConfig) =>
+  store.nextDueMs === undefined
+    ? {}
+    : {
+        nextDueMs: bounded(
+          "InboxStore.nextDue",
+          Math.min(c.leaseMs / 4, 10_000),
+        )(store.nextDueMs(c.consumer)),
+      }
+
 /** Starts the inbox in the current scope: its subscription and its processor. */
 export const make = (
   inboxConfig: InboxConfig,
@@ -400,7 +419,7 @@ export const make = (
       )
     }
     const state = makeLoopState()
-    const heardPollMs = Math.max(c.pollMs, Math.min(c.pollMs * HEARD_POLL_FACTOR, HEARD_POLL_MAX_MS))
+    const heardPollMs = heardPollOf(c)
     yield* Effect.forkScoped(
       runLeaseLoop({
         name: `inbox ${c.consumer} processor`,
@@ -409,14 +428,7 @@ export const make = (
         pollMs: c.pollMs,
         hearingPollMs: heardPollMs,
         hearing: () => wakeups.listening,
-        ...(store.nextDueMs === undefined
-          ? {}
-          : {
-              nextDueMs: bounded(
-                "InboxStore.nextDue",
-                Math.min(c.leaseMs / 4, 10_000),
-              )(store.nextDueMs(c.consumer)),
-            }),
+        ...nextDueOf(store, c),
         outage: c.outage,
         wake,
         state,

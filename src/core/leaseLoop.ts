@@ -137,6 +137,34 @@ const RATE_WINDOW_MS = 500
 /** The shortest wait for a row the probe says is due: one that is due but locked is not spun on. */
 const MIN_DUE_WAIT_MS = 50
 
+/**
+ * The wait after a partial cycle of a loop without second looks: after an empty one, while its
+ * wake-ups are heard, `hearingPollMs`, cut short when the next pending row comes due (a row due
+ * now that the cycle did not claim keeps `pollMs`: no spin); else `untilDue`'s of `pollMs`.
+ */
+const waitAfter = <E extends { readonly message: string; readonly retryable: boolean }>(
+  loop: LeaseLoop<E>,
+  claimed: number,
+  dueFloorMs: number,
+  untilDue: (waitMs: number) => Effect.Effect<number>,
+): Effect.Effect<number> => {
+  const long = loop.hearingPollMs
+  const probe = loop.nextDueMs
+  const heard = claimed === 0 && loop.hearing?.() === true
+  if (!heard || long === undefined || long <= loop.pollMs || probe === undefined) return untilDue(loop.pollMs)
+  return probe.pipe(
+    Effect.map((dueMs) =>
+      dueMs === undefined
+        ? long
+        : dueMs <= 0
+          ? loop.pollMs
+          : Math.min(long, Math.max(Math.ceil(dueMs), dueFloorMs)),
+    ),
+    // Only latency is at stake: the next cycle reports what is wrong.
+    Effect.catchCause(() => Effect.succeed(loop.pollMs)),
+  )
+}
+
 /** A defect's message for the loop state: the thrown error's message, not its stack. */
 const defectMessage = (cause: Cause.Cause<unknown>): string => {
   const defect = Cause.squash(cause)
@@ -270,23 +298,6 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
       Effect.catchCause(() => Effect.succeed(waitMs)),
     )
   }
-  // While wake-ups are heard, the poll stretches to `hearingPollMs`, cut short when a row comes due.
-  const heardWait = (): Effect.Effect<number> => {
-    const long = loop.hearingPollMs
-    const probe = loop.nextDueMs
-    if (long === undefined || long <= loop.pollMs || probe === undefined || loop.hearing?.() !== true)
-      return untilDue(loop.pollMs)
-    return probe.pipe(
-      Effect.map((dueMs) =>
-        dueMs === undefined
-          ? long
-          : dueMs <= 0
-            ? loop.pollMs
-            : Math.min(long, Math.max(Math.ceil(dueMs), dueFloorMs)),
-      ),
-      Effect.catchCause(() => Effect.succeed(loop.pollMs)),
-    )
-  }
   // This worker looks again every `wait` for hotMs from `now`, then at doubling intervals until warmMs.
   const heatUp = (now: number, wait: number) => {
     hotUntil = now + hotMs
@@ -301,8 +312,7 @@ export const runLeaseLoop = <E extends { readonly message: string; readonly retr
       loop.wake.nudge()
       return Effect.yieldNow
     }
-    if (relookMs === 0)
-      return Effect.flatMap(claimed === 0 ? heardWait() : untilDue(loop.pollMs), loop.wake.wait)
+    if (relookMs === 0) return Effect.flatMap(waitAfter(loop, claimed, dueFloorMs, untilDue), loop.wake.wait)
     return Effect.flatMap(Clock.currentTimeMillis, (now) => {
       lastEnd = now
       if (claimed > 0) {
