@@ -71,10 +71,10 @@ export interface LeaseLoop<E extends { readonly message: string; readonly retrya
   readonly pollMs: number
   /**
    * A loop with no follow-up looks (`relookMs` 0): the longest wait after a cycle that claimed
-   * nothing, while its wake-ups are heard (`hearing`) and `nextDueMs` says no row is due now. Every row that arrives then notifies, so
-   * the poll only finds rows due by time, which the probe already waits for. A row due now that
-   * the last cycle did not claim (held by another claim, or waiting for its key's predecessor)
-   * keeps the `pollMs` cadence. @default pollMs
+   * nothing, while its wake-ups are heard (`hearing`) and `nextDueMs` says no row is due now.
+   * Every row that arrives then notifies, so the poll only finds rows due by time, which the probe
+   * already waits for. A row due now that the last cycle did not claim (held by another claim, or
+   * waiting for its key's predecessor) keeps the `pollMs` cadence. @default pollMs
    */
   readonly hearingPollMs?: number
   /** After a cycle that claimed rows, look again this often… */

@@ -1290,7 +1290,6 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
       }),
     bindings: (consumer, patterns, onOrderedDead = "block") =>
       tryStore("InboxStore.bindings", () => recordBindings(db, consumer, patterns, onOrderedDead)),
-    // The trigger's channel (migration 0011), named by the database: its md5 is the one the trigger takes.
     keepPartitions: (options) => partitions.keepInboxPartitions(database, options),
     nextDueMs: (consumer) =>
       tryStore("InboxStore.nextDue", async () => {
@@ -1298,6 +1297,7 @@ export const make: Effect.Effect<InboxStoreShape, never, Database> = Effect.gen(
         const due = (await db.executeQuery(q.nextDue({ consumer }))).rows[0]?.due
         return due === null || due === undefined ? undefined : Number(due) * 1000
       }),
+    // The trigger's channel (migration 0011), named by the database: its md5 is the one the trigger takes.
     wakeups: (consumer, onWake, onHearing) =>
       Effect.flatMap(
         tryStore("InboxStore.wakeups", async () => {
